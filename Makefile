@@ -1,0 +1,39 @@
+# Two commands on a fresh machine: `make test` and `make bench`. Both set up first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+INSTALLED := $(VENV)/.ringreduce-installed
+BUILT := $(VENV)/.ringreduce-built
+SOURCES := $(wildcard csrc/*.h csrc/*.cpp csrc/*.cu csrc/*.cuh) setup.py
+# Parallel compile jobs for the extension (this machine has 2 cores).
+export MAX_JOBS ?= 2
+
+.PHONY: install build test bench clean
+
+# Set-up: a virtual environment with torch (the default, CUDA-enabled wheel) and the extension,
+# built against that torch (no build isolation, which would pull in a second torch).
+install: $(INSTALLED)
+
+$(INSTALLED): requirements.txt requirements-dev.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -r requirements-dev.txt
+	$(PIP) install -q --no-build-isolation --no-deps -e .
+	touch $(INSTALLED) $(BUILT)
+
+# Incremental rebuild after editing csrc/.
+build: $(BUILT)
+
+$(BUILT): $(INSTALLED) $(SOURCES)
+	$(PY) setup.py -q build_ext --inplace
+	touch $(BUILT)
+
+test: build
+	$(PY) -m pytest -q
+
+bench: build
+	$(PY) -m ringreduce.bench --json bench.json
+
+clean:
+	rm -rf build ringreduce/*.so *.egg-info

@@ -1,0 +1,31 @@
+// All-reduce algorithms. They see a Transport and a Reducer, never a socket, segment or stream.
+#pragma once
+
+#include <cstddef>
+
+#include "reducer.h"
+#include "transport.h"
+
+namespace ringreduce {
+
+// Receives posted ahead of the one being reduced, so a transfer is always in flight while a
+// segment is reduced. Two is what gloo and NCCL keep in flight; a third gained nothing on the
+// shm and pg transports in benchmarks/RESULTS.md (4 KiB to 64 MiB, 2 and 4 ranks).
+constexpr std::size_t kRecvsAhead = 2;
+
+// Sends in flight per destination before the oldest is waited for.
+constexpr std::size_t kSendsInFlight = 2;
+
+// Ring all-reduce: chunked reduce-scatter then all-gather, pipelined by segment. Every rank moves
+// 2(N-1)/N of the buffer whatever N is, and ends with the same bits: each chunk is reduced by
+// exactly one rank and copied to the others.
+void ring_all_reduce(Transport& transport, const Reducer& reducer, void* data, std::size_t numel,
+                     std::size_t segment_bytes);
+
+// Central reducer (parameter-server style): every rank sends its buffer to `root`, which reduces
+// the contributions in a fixed order (its own, then the others by rank) and sends the result back.
+// The root's links carry (N-1) times the buffer each way.
+void central_all_reduce(Transport& transport, const Reducer& reducer, void* data, std::size_t numel,
+                        std::size_t segment_bytes, int root);
+
+}  // namespace ringreduce

@@ -1,0 +1,166 @@
+// Python bindings: tensor checks, the job that runs an all-reduce, and the group factories.
+#include <torch/extension.h>
+
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <chrono>
+
+#include "communicator.h"
+#include "cpu_reducer.h"
+#include "local_transport.h"
+#include "pg_transport.h"
+#include "schedule.h"
+
+namespace py = pybind11;
+
+namespace ringreduce {
+namespace {
+
+std::chrono::milliseconds to_millis(double seconds) {
+  if (!(seconds > 0)) throw std::invalid_argument("ringreduce: a timeout must be a positive number of seconds");
+  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
+}
+
+DType to_dtype(const at::Tensor& tensor, ReduceOp op) {
+  switch (tensor.scalar_type()) {
+    case at::kFloat: return DType::Float32;
+    case at::kDouble: return DType::Float64;
+    case at::kHalf: return DType::Float16;
+    case at::kBFloat16: return DType::BFloat16;
+    case at::kChar: return DType::Int8;
+    case at::kByte: return DType::UInt8;
+    case at::kInt: return DType::Int32;
+    case at::kLong: return DType::Int64;
+    case at::kBool:
+      // 0/1 bytes: MIN is logical and, MAX logical or, PRODUCT logical and.
+      if (op == ReduceOp::Min || op == ReduceOp::Max || op == ReduceOp::Product) return DType::UInt8;
+      throw py::type_error("ringreduce: torch.bool tensors support MIN, MAX and PRODUCT only; "
+                           "convert to an integer dtype for SUM");
+    default:
+      throw py::type_error("ringreduce: unsupported dtype " + std::string(c10::toString(tensor.scalar_type())) +
+                           "; use float32, float64, float16, bfloat16, int8, uint8, int32 or int64");
+  }
+}
+
+// Deletes a communicator without the GIL: its worker may be finishing a job whose completion
+// runs Python callbacks.
+void delete_without_gil(Communicator* communicator) {
+  if (PyGILState_Check()) {
+    py::gil_scoped_release release;
+    delete communicator;
+  } else {
+    delete communicator;
+  }
+}
+
+std::shared_ptr<Communicator> make_communicator(std::unique_ptr<Transport> transport) {
+  return std::shared_ptr<Communicator>(new Communicator(std::move(transport), &make_cpu_reducer), &delete_without_gil);
+}
+
+py::object all_reduce(Communicator& communicator, const at::Tensor& tensor, int op_code, int algorithm_code,
+                      std::size_t segment_bytes, int root, bool async_op) {
+  const auto op = static_cast<ReduceOp>(op_code);
+  const auto algorithm = static_cast<Algorithm>(algorithm_code);
+  const DType dtype = to_dtype(tensor, op);
+  if (algorithm == Algorithm::Central && (root < 0 || root >= communicator.size())) {
+    throw std::invalid_argument(detail::concat("ringreduce: central root ", root, " is not a rank of this group (size ",
+                                               communicator.size(), ")"));
+  }
+  at::NoGradGuard no_grad;
+  // Non-contiguous tensors are reduced in a contiguous copy that is written back afterwards.
+  at::Tensor buffer = tensor.is_contiguous() ? tensor : tensor.contiguous();
+  AllReduceArgs args;
+  args.data = buffer.data_ptr();
+  args.numel = static_cast<std::size_t>(buffer.numel());
+  args.dtype = dtype;
+  args.op = op;
+  args.algorithm = algorithm;
+  args.segment_bytes = resolve_segment_bytes(segment_bytes);
+  args.root = root;
+  Communicator* comm = &communicator;  // outlives its jobs: its executor drains before it dies
+  auto job = [comm, args, tensor, buffer] {
+    at::NoGradGuard no_grad;
+    comm->all_reduce(args);
+    if (!buffer.is_same(tensor)) tensor.copy_(buffer);
+  };
+  if (!async_op) {
+    py::gil_scoped_release release;
+    comm->executor().run(job);
+    return py::none();
+  }
+  auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+  comm->executor().submit(std::move(job), [future, tensor](std::exception_ptr error) {
+    if (error) {
+      future->setError(error);
+    } else {
+      future->markCompleted(c10::IValue(std::vector<at::Tensor>{tensor}));
+    }
+  });
+  return py::cast(c10d::Work::create_from_future(future));
+}
+
+py::list ring_schedule_py(std::size_t numel, std::size_t elem_size, int world, int rank, std::size_t segment_bytes) {
+  py::list out;
+  for (const RingTransfer& t : ring_schedule(numel, elem_size, world, rank, segment_bytes)) {
+    out.append(py::make_tuple(t.send.offset, t.send.count, t.recv.offset, t.recv.count, t.reduce, t.last));
+  }
+  return out;
+}
+
+py::list central_schedule_py(std::size_t numel, std::size_t elem_size, std::size_t segment_bytes) {
+  py::list out;
+  for (const Span& span : central_schedule(numel, elem_size, segment_bytes)) out.append(py::make_tuple(span.offset, span.count));
+  return out;
+}
+
+py::dict build_info() {
+  py::dict info;
+  info["version"] = RINGREDUCE_VERSION;
+  info["torch"] = RINGREDUCE_TORCH_VERSION;
+  info["cuda"] = false;
+  info["nccl"] = py::none();
+  info["transports"] = py::make_tuple("local", "pg");
+  return info;
+}
+
+}  // namespace
+}  // namespace ringreduce
+
+PYBIND11_MODULE(_C, m) {
+  using namespace ringreduce;
+  m.doc() = "ringreduce engine: ring and central all-reduce over pluggable transports";
+  py::register_exception<TimeoutError>(m, "CommTimeoutError", PyExc_RuntimeError);
+
+  py::class_<Communicator, std::shared_ptr<Communicator>>(m, "Communicator")
+      .def_property_readonly("rank", &Communicator::rank)
+      .def_property_readonly("size", &Communicator::size)
+      .def_property_readonly("transport", &Communicator::transport_name)
+      .def("all_reduce", &all_reduce, py::arg("tensor"), py::arg("op"), py::arg("algorithm"), py::arg("segment_bytes"),
+           py::arg("root"), py::arg("async_op"));
+
+  m.def(
+      "local_world",
+      [](int world, double timeout_s) {
+        auto hub = std::make_shared<LocalHub>(world, to_millis(timeout_s));
+        std::vector<std::shared_ptr<Communicator>> ranks;
+        for (int rank = 0; rank < world; ++rank) {
+          ranks.push_back(make_communicator(std::make_unique<LocalTransport>(hub, rank, std::make_unique<HostMemory>())));
+        }
+        return ranks;
+      },
+      py::arg("world"), py::arg("timeout_s"), "Communicators for `world` ranks that are threads of this process.");
+
+  m.def(
+      "pg_communicator",
+      [](c10d::Backend& backend, double timeout_s) {
+        auto owned = c10::intrusive_ptr<c10d::Backend>::reclaim_copy(&backend);
+        return make_communicator(std::make_unique<ProcessGroupTransport>(std::move(owned), to_millis(timeout_s)));
+      },
+      py::arg("backend"), py::arg("timeout_s"), "A communicator over a torch.distributed backend (e.g. gloo).");
+
+  m.def("ring_schedule", &ring_schedule_py, py::arg("numel"), py::arg("elem_size"), py::arg("world"), py::arg("rank"),
+        py::arg("segment_bytes"));
+  m.def("central_schedule", &central_schedule_py, py::arg("numel"), py::arg("elem_size"), py::arg("segment_bytes"));
+  m.def("build_info", &build_info);
+  m.attr("DEFAULT_SEGMENT_BYTES") = kDefaultSegmentBytes;
+}

@@ -1,0 +1,62 @@
+// Types and error helpers shared by the whole engine. No torch, no CUDA.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace ringreduce {
+
+// Element types the engine reduces. Bool travels as UInt8 (MIN, MAX and PRODUCT only).
+enum class DType : int { Float32, Float64, Float16, BFloat16, Int8, UInt8, Int32, Int64 };
+
+// Same meaning as torch.distributed.ReduceOp.
+enum class ReduceOp : int { Sum, Avg, Min, Max, Product };
+
+enum class Algorithm : int { Ring, Central };
+
+inline std::size_t element_size(DType dtype) {
+  switch (dtype) {
+    case DType::Float64:
+    case DType::Int64: return 8;
+    case DType::Float32:
+    case DType::Int32: return 4;
+    case DType::Float16:
+    case DType::BFloat16: return 2;
+    case DType::Int8:
+    case DType::UInt8: return 1;
+  }
+  throw std::invalid_argument("ringreduce: unknown dtype code");
+}
+
+const char* dtype_name(DType dtype);
+const char* op_name(ReduceOp op);
+const char* algorithm_name(Algorithm algorithm);
+
+// Raised when a peer does not answer within the group's timeout.
+class TimeoutError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+namespace detail {
+template <typename... Parts>
+std::string concat(const Parts&... parts) {
+  std::ostringstream out;
+  (out << ... << parts);
+  return out.str();
+}
+}  // namespace detail
+
+}  // namespace ringreduce
+
+// Throws std::runtime_error naming the file and line; never exits the process.
+#define RR_CHECK(cond, ...)                                                                   \
+  do {                                                                                         \
+    if (!(cond)) {                                                                             \
+      throw std::runtime_error(::ringreduce::detail::concat(                                   \
+          "ringreduce: ", ::ringreduce::detail::concat(__VA_ARGS__), " (", __FILE__, ":", __LINE__, ")")); \
+    }                                                                                          \
+  } while (0)

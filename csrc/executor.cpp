@@ -1,0 +1,81 @@
+#include "executor.h"
+
+#include <future>
+
+namespace ringreduce {
+
+OrderedExecutor::OrderedExecutor() : worker_([this] { loop(); }) {}
+
+OrderedExecutor::~OrderedExecutor() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  worker_.join();
+}
+
+void OrderedExecutor::run(const Job& job) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (queue_.empty() && !busy_) {
+    busy_ = true;
+    lock.unlock();
+    std::exception_ptr error;
+    try {
+      job();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lock.lock();
+    busy_ = false;
+    lock.unlock();
+    changed_.notify_all();
+    if (error) std::rethrow_exception(error);
+    return;
+  }
+  std::promise<void> finished;
+  std::future<void> outcome = finished.get_future();
+  queue_.push_back(Task{job, [&finished](std::exception_ptr error) {
+                          if (error) {
+                            finished.set_exception(error);
+                          } else {
+                            finished.set_value();
+                          }
+                        }});
+  lock.unlock();
+  changed_.notify_all();
+  outcome.get();
+}
+
+void OrderedExecutor::submit(Job job, Done done) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back(Task{std::move(job), std::move(done)});
+  }
+  changed_.notify_all();
+}
+
+void OrderedExecutor::loop() {
+  for (;;) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [&] { return (!queue_.empty() && !busy_) || (stopping_ && queue_.empty() && !busy_); });
+    if (queue_.empty()) return;
+    Task task = std::move(queue_.front());
+    queue_.pop_front();
+    busy_ = true;
+    lock.unlock();
+    std::exception_ptr error;
+    try {
+      task.job();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    task.done(error);
+    lock.lock();
+    busy_ = false;
+    lock.unlock();
+    changed_.notify_all();
+  }
+}
+
+}  // namespace ringreduce

@@ -1,0 +1,152 @@
+#include "local_transport.h"
+
+#include <cstring>
+
+namespace ringreduce {
+
+void HostMemory::copy(void* dst, const void* src, std::size_t bytes) { std::memcpy(dst, src, bytes); }
+
+LocalHub::LocalHub(int world, std::chrono::milliseconds timeout)
+    : world_(world), timeout_(timeout), channels_(static_cast<std::size_t>(world) * world) {
+  RR_CHECK(world >= 1, "a local world needs at least one rank, got ", world);
+}
+
+void LocalHub::abort(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(reason_mutex_);
+    if (abort_reason_.empty()) abort_reason_ = reason;
+  }
+  aborted_ = true;
+  for (Channel& channel : channels_) {
+    std::lock_guard<std::mutex> lock(channel.mutex);
+    channel.changed.notify_all();
+  }
+}
+
+LocalTransport::LocalTransport(std::shared_ptr<LocalHub> hub, int rank, std::unique_ptr<LocalMemory> memory)
+    : hub_(std::move(hub)), rank_(rank), memory_(std::move(memory)), recv_sequence_(hub_->world(), 0) {
+  RR_CHECK(rank >= 0 && rank < hub_->world(), "rank ", rank, " is outside a local world of ", hub_->world());
+}
+
+LocalTransport::~LocalTransport() { withdraw_sends(); }
+
+void LocalTransport::withdraw_sends() {
+  // A peer may still be reading one of our buffers: withdraw what it has not taken, and wait
+  // until it has finished what it has, so the caller may free its memory.
+  for (int peer = 0; peer < hub_->world(); ++peer) {
+    LocalHub::Channel& channel = hub_->channel(rank_, peer);
+    std::unique_lock<std::mutex> lock(channel.mutex);
+    for (auto it = channel.messages.begin(); it != channel.messages.end();) {
+      it = it->second.state == LocalHub::State::Posted ? channel.messages.erase(it) : std::next(it);
+    }
+    channel.changed.wait(lock, [&] {
+      for (const auto& entry : channel.messages) {
+        if (entry.second.state == LocalHub::State::Taken) return false;
+      }
+      return true;
+    });
+  }
+}
+
+void LocalTransport::abort(const std::string& reason) {
+  hub_->abort(reason);
+  withdraw_sends();
+}
+
+Request LocalTransport::add(Pending pending) {
+  const std::int64_t id = next_id_++;
+  pending_.emplace(id, pending);
+  return Request{id};
+}
+
+Request LocalTransport::isend(int peer, const void* data, std::size_t bytes) {
+  LocalHub::Channel& channel = hub_->channel(rank_, peer);
+  auto ready = memory_->record();
+  std::uint64_t sequence;
+  {
+    std::lock_guard<std::mutex> lock(channel.mutex);
+    sequence = channel.sent++;
+    channel.messages.emplace(sequence, LocalHub::Message{data, bytes, std::move(ready), nullptr});
+  }
+  channel.changed.notify_all();
+  return add(Pending{true, peer, sequence});
+}
+
+Request LocalTransport::irecv(int peer, void* data, std::size_t bytes) {
+  return add(Pending{false, peer, recv_sequence_[peer]++, data, bytes});
+}
+
+Request LocalTransport::irecv_reduce(int peer, void* data, std::size_t bytes, const Reducer& reducer, bool last) {
+  return add(Pending{false, peer, recv_sequence_[peer]++, data, bytes, &reducer, last});
+}
+
+void LocalTransport::wait(Request request) {
+  auto it = pending_.find(request.id);
+  RR_CHECK(it != pending_.end(), "wait() on an unknown or finished request ", request.id);
+  const Pending pending = it->second;
+  pending_.erase(it);
+  if (pending.is_send) {
+    wait_send(pending);
+  } else {
+    wait_recv(pending);
+  }
+}
+
+void LocalTransport::fail_waiting(const Pending& pending) {
+  withdraw_sends();
+  if (hub_->aborted_) {
+    std::lock_guard<std::mutex> lock(hub_->reason_mutex_);
+    throw std::runtime_error("ringreduce: local group aborted: " + hub_->abort_reason_);
+  }
+  const std::string what = pending.is_send ? "to take message " : "to send message ";
+  throw TimeoutError(detail::concat("ringreduce: local rank ", rank_, " waited ", hub_->timeout().count(),
+                                    " ms for rank ", pending.peer, " ", what, pending.sequence,
+                                    "; is that rank still running the same collectives?"));
+}
+
+void LocalTransport::wait_send(const Pending& pending) {
+  LocalHub::Channel& channel = hub_->channel(rank_, pending.peer);
+  std::unique_lock<std::mutex> lock(channel.mutex);
+  auto done = [&] { return channel.messages.at(pending.sequence).state == LocalHub::State::Done || hub_->aborted_; };
+  if (!channel.changed.wait_for(lock, hub_->timeout(), done) || hub_->aborted_) {
+    lock.unlock();
+    fail_waiting(pending);
+  }
+  auto consumed = std::move(channel.messages.find(pending.sequence)->second.consumed);
+  channel.messages.erase(pending.sequence);
+  lock.unlock();
+  // The buffer may be overwritten only after the receiver has read it.
+  memory_->wait_for(consumed);
+}
+
+void LocalTransport::wait_recv(const Pending& pending) {
+  LocalHub::Channel& channel = hub_->channel(pending.peer, rank_);
+  std::unique_lock<std::mutex> lock(channel.mutex);
+  auto posted = [&] { return channel.messages.count(pending.sequence) > 0 || hub_->aborted_; };
+  if (!channel.changed.wait_for(lock, hub_->timeout(), posted) || hub_->aborted_) {
+    lock.unlock();
+    fail_waiting(pending);
+  }
+  LocalHub::Message& message = channel.messages.find(pending.sequence)->second;
+  RR_CHECK(message.bytes == pending.bytes, "local rank ", rank_, " expected ", pending.bytes,
+           " bytes from rank ", pending.peer, " but it sent ", message.bytes);
+  message.state = LocalHub::State::Taken;
+  lock.unlock();
+
+  memory_->wait_for(message.ready);
+  if (pending.reducer != nullptr) {
+    // Fusion: reduce straight from the sender's buffer, no staging copy.
+    pending.reducer->reduce(pending.dst, message.data, pending.bytes / pending.reducer->element_size(), pending.last);
+  } else {
+    memory_->copy(pending.dst, message.data, pending.bytes);
+  }
+  auto consumed = memory_->record();
+
+  lock.lock();
+  message.consumed = std::move(consumed);
+  message.state = LocalHub::State::Done;
+  lock.unlock();
+  channel.changed.notify_all();
+}
+
+}  // namespace ringreduce

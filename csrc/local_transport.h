@@ -1,0 +1,110 @@
+// `local`: the ranks are threads of one process and exchange through memory. The receiver reads
+// straight from the sender's buffer (one copy, or a reduction with no copy at all).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "transport.h"
+
+namespace ringreduce {
+
+// Where a local rank's memory lives. On the host every operation is immediate; a GPU rank works in
+// the order of its own stream, and events tell the peer's stream when data is ready or consumed.
+class LocalMemory {
+ public:
+  virtual ~LocalMemory() = default;
+  virtual void copy(void* dst, const void* src, std::size_t bytes) = 0;
+  // A marker at the current point of this rank's work (null on the host).
+  virtual std::shared_ptr<void> record() { return nullptr; }
+  // Make this rank's later work wait for a marker recorded by another rank.
+  virtual void wait_for(const std::shared_ptr<void>& /*marker*/) {}
+};
+
+class HostMemory final : public LocalMemory {
+ public:
+  void copy(void* dst, const void* src, std::size_t bytes) override;
+};
+
+// The mailboxes shared by the ranks of one process.
+class LocalHub {
+ public:
+  LocalHub(int world, std::chrono::milliseconds timeout);
+  int world() const { return world_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  // Stops every rank's transfers with an error that names the reason.
+  void abort(const std::string& reason);
+
+ private:
+  friend class LocalTransport;
+  enum class State { Posted, Taken, Done };
+  struct Message {
+    const void* data;
+    std::size_t bytes;
+    std::shared_ptr<void> ready;     // sender's marker: the data is written
+    std::shared_ptr<void> consumed;  // receiver's marker: the data has been read
+    State state = State::Posted;
+  };
+  struct Channel {
+    std::mutex mutex;
+    std::condition_variable changed;
+    std::map<std::uint64_t, Message> messages;  // by sequence number on this channel
+    std::uint64_t sent = 0;
+  };
+  Channel& channel(int src, int dst) { return channels_[static_cast<std::size_t>(src) * world_ + dst]; }
+
+  const int world_;
+  const std::chrono::milliseconds timeout_;
+  std::vector<Channel> channels_;
+  std::atomic<bool> aborted_{false};
+  std::mutex reason_mutex_;
+  std::string abort_reason_;
+};
+
+class LocalTransport final : public Transport {
+ public:
+  LocalTransport(std::shared_ptr<LocalHub> hub, int rank, std::unique_ptr<LocalMemory> memory);
+  ~LocalTransport() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return hub_->world(); }
+  const char* name() const override { return "local"; }
+
+  Request isend(int peer, const void* data, std::size_t bytes) override;
+  Request irecv(int peer, void* data, std::size_t bytes) override;
+  Request irecv_reduce(int peer, void* data, std::size_t bytes, const Reducer& reducer, bool last) override;
+  void wait(Request request) override;
+  void abort(const std::string& reason) override;
+
+ private:
+  struct Pending {
+    bool is_send;
+    int peer;
+    std::uint64_t sequence;
+    void* dst = nullptr;
+    std::size_t bytes = 0;
+    const Reducer* reducer = nullptr;
+    bool last = false;
+  };
+  Request add(Pending pending);
+  void wait_send(const Pending& pending);
+  void wait_recv(const Pending& pending);
+  [[noreturn]] void fail_waiting(const Pending& pending);
+  void withdraw_sends();
+
+  std::shared_ptr<LocalHub> hub_;
+  int rank_;
+  std::unique_ptr<LocalMemory> memory_;
+  std::vector<std::uint64_t> recv_sequence_;  // next receive sequence number, per peer
+  std::unordered_map<std::int64_t, Pending> pending_;
+  std::int64_t next_id_ = 0;
+};
+
+}  // namespace ringreduce

@@ -1,0 +1,46 @@
+// `pg`: point-to-point send/recv of a torch.distributed backend (gloo on CPU), driven from C++.
+// This is how ranks on several hosts talk: torch's own engine moves the bytes.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <chrono>
+
+#include "transport.h"
+
+namespace ringreduce {
+
+class ProcessGroupTransport final : public MessageTransport {
+ public:
+  ProcessGroupTransport(c10::intrusive_ptr<c10d::Backend> backend, std::chrono::milliseconds timeout);
+
+  int rank() const override { return backend_->getRank(); }
+  int size() const override { return backend_->getSize(); }
+  const char* name() const override { return "pg"; }
+
+  Request isend(int peer, const void* data, std::size_t bytes) override;
+  Request irecv(int peer, void* data, std::size_t bytes) override;
+  void abort(const std::string& reason) override;
+
+ protected:
+  void wait_transfer(Request request) override;
+
+ private:
+  struct Pending {
+    c10::intrusive_ptr<c10d::Work> work;
+    std::vector<at::Tensor> tensors;  // views of the bytes, alive until the work is done
+    int peer;
+    bool is_send;
+  };
+  Request post(int peer, void* data, std::size_t bytes, bool is_send);
+
+  c10::intrusive_ptr<c10d::Backend> backend_;
+  std::chrono::milliseconds timeout_;
+  std::vector<int> send_tags_, recv_tags_;  // per peer: messages are told apart by tag
+  std::unordered_map<std::int64_t, Pending> pending_;
+  std::int64_t next_id_ = 0;
+};
+
+}  // namespace ringreduce

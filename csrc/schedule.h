@@ -1,0 +1,51 @@
+// The segment schedule: the one place that decides which elements move at which step.
+// Pure functions of (numel, element size, world, rank, segment size); no I/O, no state.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+namespace ringreduce {
+
+// Chunk starts are rounded to this many bytes so every segment starts on a cache line
+// (and on a 16-byte vector boundary for the GPU kernels).
+constexpr std::size_t kChunkAlignBytes = 64;
+
+// A run of elements [offset, offset + count) of the flat buffer.
+struct Span {
+  std::size_t offset = 0;
+  std::size_t count = 0;
+};
+
+// How the buffer is cut: `world` chunks of `chunk_elems` (the last ones may be short or empty),
+// each cut into `segments_per_chunk` segments of at most `segment_elems`.
+struct SegmentLayout {
+  std::size_t numel = 0;
+  std::size_t chunk_elems = 0;
+  std::size_t segment_elems = 0;
+  std::size_t segments_per_chunk = 0;
+
+  Span segment(int chunk, std::size_t index) const;
+};
+
+SegmentLayout segment_layout(std::size_t numel, std::size_t elem_size, int world, std::size_t segment_bytes);
+
+// One pipelined ring transfer of rank r: send `send` to rank r+1, receive `recv` from rank r-1.
+// What rank r sends at position k is exactly what rank r+1 receives at position k, so both sides
+// skip the same empty spans.
+struct RingTransfer {
+  Span send;
+  Span recv;
+  bool reduce = false;  // reduce-scatter: the received span is reduced into the buffer; all-gather: copied
+  bool last = false;    // the final reduction of this span (AVG divides by the world size here)
+};
+
+// The whole ring for one rank, in issue order: reduce-scatter steps then all-gather steps,
+// and within each step the segments of one chunk in order.
+std::vector<RingTransfer> ring_schedule(std::size_t numel, std::size_t elem_size, int world, int rank,
+                                        std::size_t segment_bytes);
+
+// The central reducer moves the whole buffer, segment by segment.
+std::vector<Span> central_schedule(std::size_t numel, std::size_t elem_size, std::size_t segment_bytes);
+
+}  // namespace ringreduce

@@ -1,0 +1,65 @@
+#include "transport.h"
+
+#include <cstdlib>
+
+namespace ringreduce {
+
+// Staging buffers start on a cache line (and page) boundary so the reduction loops vectorise.
+constexpr std::size_t kStagingAlignBytes = 4096;
+
+std::shared_ptr<void> MessageTransport::allocate_staging(std::size_t bytes) {
+  const std::size_t rounded = (bytes + kStagingAlignBytes - 1) / kStagingAlignBytes * kStagingAlignBytes;
+  void* memory = std::aligned_alloc(kStagingAlignBytes, rounded == 0 ? kStagingAlignBytes : rounded);
+  RR_CHECK(memory != nullptr, "cannot allocate ", bytes, " bytes of staging memory");
+  return std::shared_ptr<void>(memory, &std::free);
+}
+
+std::shared_ptr<void> MessageTransport::take_staging(std::size_t bytes, std::size_t* capacity) {
+  for (auto it = free_staging_.begin(); it != free_staging_.end(); ++it) {
+    if (it->second >= bytes) {
+      auto buffer = std::move(it->first);
+      *capacity = it->second;
+      free_staging_.erase(it);
+      return buffer;
+    }
+  }
+  *capacity = bytes;
+  return allocate_staging(bytes);
+}
+
+Request MessageTransport::irecv_reduce(int peer, void* data, std::size_t bytes, const Reducer& reducer, bool last) {
+  std::size_t capacity = 0;
+  auto staging = take_staging(bytes, &capacity);
+  const Request request = irecv(peer, staging.get(), bytes);
+  pending_reduces_.emplace(request.id, PendingReduce{data, std::move(staging), capacity, bytes, &reducer, last});
+  return request;
+}
+
+void MessageTransport::wait(Request request) {
+  wait_transfer(request);
+  auto it = pending_reduces_.find(request.id);
+  if (it == pending_reduces_.end()) return;
+  PendingReduce pending = std::move(it->second);
+  pending_reduces_.erase(it);
+  pending.reducer->reduce(pending.dst, pending.staging.get(), pending.bytes / pending.reducer->element_size(),
+                          pending.last);
+  free_staging_.emplace_back(std::move(pending.staging), pending.staging_bytes);
+}
+
+void RequestWindow::push(Request request) {
+  if (!request.valid()) return;
+  pending_.push_back(request);
+  if (pending_.size() > capacity_) {
+    transport_.wait(pending_.front());
+    pending_.pop_front();
+  }
+}
+
+void RequestWindow::drain() {
+  while (!pending_.empty()) {
+    transport_.wait(pending_.front());
+    pending_.pop_front();
+  }
+}
+
+}  // namespace ringreduce

@@ -1,0 +1,99 @@
+// The transport interface: all an algorithm knows about moving bytes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "reducer.h"
+
+namespace ringreduce {
+
+// A posted transfer. Only the transport that issued it can interpret the id.
+struct Request {
+  std::int64_t id = -1;
+  bool valid() const { return id >= 0; }
+};
+
+// Point-to-point transfers between the ranks of one group.
+//
+// Messages between two ranks match in posting order (the k-th send from a to b meets the k-th
+// receive at b from a). Posting never blocks for a peer; wait() does. On a device transport
+// "complete" is in stream order: work the reducer queues after wait() sees the data, and nothing
+// stalls the host.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const char* name() const = 0;
+
+  // Send [data, data + bytes) to `peer`. The bytes must stay unchanged until wait() returns.
+  virtual Request isend(int peer, const void* data, std::size_t bytes) = 0;
+
+  // Receive exactly `bytes` from `peer` into `data`.
+  virtual Request irecv(int peer, void* data, std::size_t bytes) = 0;
+
+  // Receive `bytes` from `peer` and reduce them into `data` with `reducer` (see Reducer::reduce
+  // for `last`). The reduction happens inside wait() for this request, so reductions into one span
+  // happen in the order the algorithm waits for them, which makes the result deterministic.
+  virtual Request irecv_reduce(int peer, void* data, std::size_t bytes, const Reducer& reducer, bool last) = 0;
+
+  // Block (or, on a device, order the stream) until the request is complete.
+  virtual void wait(Request request) = 0;
+
+  // After a failure: make the peers fail fast instead of waiting out their timeout, and stop
+  // touching the caller's buffers. The transport is unusable afterwards.
+  virtual void abort(const std::string& reason) = 0;
+};
+
+// Base for transports that move opaque messages (torch ProcessGroup, NCCL): a receive-reduce is a
+// receive into staging memory followed by a reduction when it is waited for.
+class MessageTransport : public Transport {
+ public:
+  Request irecv_reduce(int peer, void* data, std::size_t bytes, const Reducer& reducer, bool last) final;
+  void wait(Request request) final;
+
+ protected:
+  // Complete a plain send or receive.
+  virtual void wait_transfer(Request request) = 0;
+  // Memory the transport can receive into; the default is host memory.
+  virtual std::shared_ptr<void> allocate_staging(std::size_t bytes);
+
+ private:
+  struct PendingReduce {
+    void* dst;
+    std::shared_ptr<void> staging;
+    std::size_t staging_bytes;
+    std::size_t bytes;
+    const Reducer* reducer;
+    bool last;
+  };
+  std::shared_ptr<void> take_staging(std::size_t bytes, std::size_t* capacity);
+
+  std::unordered_map<std::int64_t, PendingReduce> pending_reduces_;
+  // Released staging buffers with their sizes; at most as many as receive-reduces were ever in flight.
+  std::vector<std::pair<std::shared_ptr<void>, std::size_t>> free_staging_;
+};
+
+// Waits for the oldest request once more than `capacity` are in flight.
+class RequestWindow {
+ public:
+  RequestWindow(Transport& transport, std::size_t capacity) : transport_(transport), capacity_(capacity) {}
+  ~RequestWindow() = default;
+
+  void push(Request request);
+  void drain();
+
+ private:
+  Transport& transport_;
+  std::size_t capacity_;
+  std::deque<Request> pending_;
+};
+
+}  // namespace ringreduce

@@ -1,0 +1,24 @@
+"""ringreduce: ring and central all-reduce for PyTorch, with a C++/CUDA engine.
+
+    import ringreduce
+    ringreduce.all_reduce(tensor)                      # like torch.distributed.all_reduce
+    ringreduce.all_reduce(tensor, algorithm="central")  # the parameter-server baseline
+"""
+
+import torch  # noqa: F401  (loads libtorch before the extension)
+
+from ringreduce._C import CommTimeoutError
+from ringreduce.collectives import all_reduce, destroy
+from ringreduce.info import build_info
+from ringreduce.local import LocalGroup, LocalWorld
+
+__version__ = build_info()["version"]
+
+__all__ = [
+    "CommTimeoutError",
+    "LocalGroup",
+    "LocalWorld",
+    "all_reduce",
+    "build_info",
+    "destroy",
+]

@@ -1,0 +1,77 @@
+"""Argument checks shared by all_reduce and the DDP hooks. They run before any data moves, so a
+rejected call leaves the tensor untouched."""
+
+import torch
+import torch.distributed as dist
+
+_RED_OP = dist.ReduceOp.RedOpType
+# Engine codes (csrc/common.h, enum ReduceOp).
+OP_CODES = {_RED_OP.SUM: 0, _RED_OP.AVG: 1, _RED_OP.MIN: 2, _RED_OP.MAX: 3, _RED_OP.PRODUCT: 4}
+# Engine codes (csrc/common.h, enum Algorithm).
+ALGORITHM_CODES = {"ring": 0, "central": 1}
+
+SUPPORTED_DTYPES = (
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int8,
+    torch.uint8,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+)
+_INTEGER_DTYPES = (torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool)
+_SUPPORTED_NAMES = "float32, float64, float16, bfloat16, int8, uint8, int32, int64 (bool for MIN/MAX/PRODUCT)"
+
+
+def op_code(op) -> int:
+    """The engine code of a torch.distributed.ReduceOp."""
+    red_op = op if isinstance(op, _RED_OP) else getattr(op, "op", None)
+    code = OP_CODES.get(red_op) if isinstance(red_op, _RED_OP) else None
+    if code is None:
+        raise ValueError(
+            f"ringreduce supports ReduceOp SUM, AVG, MIN, MAX and PRODUCT, got {op!r}; "
+            "use torch.distributed.all_reduce for the bitwise and premultiplied ops"
+        )
+    return code
+
+
+def algorithm_code(algorithm) -> int:
+    code = ALGORITHM_CODES.get(algorithm)
+    if code is None:
+        raise ValueError(f"unknown algorithm {algorithm!r}; choose 'ring' or 'central'")
+    return code
+
+
+def check_tensor(tensor, op_code_: int) -> None:
+    """Raise TypeError for a tensor ringreduce cannot reduce with this op."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"ringreduce.all_reduce expects a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.layout != torch.strided:
+        raise TypeError(f"ringreduce cannot reduce {tensor.layout} tensors; call .to_dense() first")
+    if tensor.is_meta:
+        raise TypeError("ringreduce cannot reduce a meta tensor: it has no data; allocate it on cpu or cuda")
+    if tensor.is_complex():
+        raise TypeError(
+            f"ringreduce cannot reduce complex tensors ({tensor.dtype}); "
+            "reduce torch.view_as_real(tensor) instead (SUM and AVG are exact on it)"
+        )
+    if tensor.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"ringreduce cannot reduce {tensor.dtype} tensors; supported: {_SUPPORTED_NAMES}")
+    if tensor.dtype == torch.bool and op_code_ in (OP_CODES[_RED_OP.SUM], OP_CODES[_RED_OP.AVG]):
+        raise TypeError("ringreduce reduces torch.bool with MIN, MAX or PRODUCT only; convert to an integer dtype for SUM")
+    if op_code_ == OP_CODES[_RED_OP.AVG] and tensor.dtype in _INTEGER_DTYPES:
+        raise TypeError(
+            f"ReduceOp.AVG is not defined for integer tensors ({tensor.dtype}), as in torch.distributed; "
+            "use SUM and divide, or a floating dtype"
+        )
+
+
+def check_segment_bytes(segment_bytes) -> int:
+    """0 means: the environment or the engine's default."""
+    if segment_bytes is None:
+        return 0
+    if isinstance(segment_bytes, bool) or not isinstance(segment_bytes, int) or segment_bytes <= 0:
+        raise ValueError(f"segment_bytes must be a positive int, got {segment_bytes!r}")
+    return segment_bytes

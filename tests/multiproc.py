@@ -1,0 +1,55 @@
+"""Run a function on N processes joined by a gloo process group, and collect what each returns."""
+
+import os
+import tempfile
+import traceback
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+# Spawning a rank and importing torch takes a few seconds on this machine; the rest is the test.
+DEFAULT_RANKS_TIMEOUT_S = 240
+
+
+def _entry(rank, world, store_path, fn, args, results, env):
+    os.environ.update(env)
+    try:
+        store = dist.FileStore(store_path, world)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+        results.put((rank, True, fn(rank, world, *args)))
+    except BaseException:  # noqa: BLE001 - reported to the parent with its traceback
+        results.put((rank, False, traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_ranks(world, fn, *args, timeout=DEFAULT_RANKS_TIMEOUT_S, env=None):
+    """Return [fn(rank, world, *args) for each rank]; raise with the ranks' tracebacks on failure."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        store_path = os.path.join(tmp, "store")
+        procs = [
+            ctx.Process(target=_entry, args=(rank, world, store_path, fn, args, results, env or {}))
+            for rank in range(world)
+        ]
+        for proc in procs:
+            proc.start()
+        outcomes = {}
+        try:
+            for _ in range(world):
+                rank, ok, value = results.get(timeout=timeout)
+                outcomes[rank] = (ok, value)
+        except Exception as error:  # queue.Empty: somebody hung or died
+            raise AssertionError(f"ranks {sorted(set(range(world)) - set(outcomes))} gave no result in {timeout}s") from error
+        finally:
+            for proc in procs:
+                proc.join(timeout=30)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join()
+    failures = [f"rank {r}:\n{v}" for r, (ok, v) in sorted(outcomes.items()) if not ok]
+    if failures:
+        raise AssertionError("\n".join(failures))
+    return [outcomes[r][1] for r in range(world)]

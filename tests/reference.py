@@ -1,0 +1,77 @@
+"""Inputs with closed-form results, and float64 references, for every dtype and op."""
+
+import torch
+import torch.distributed as dist
+
+R = dist.ReduceOp
+FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+INT_DTYPES = (torch.int8, torch.uint8, torch.int32, torch.int64)
+ALL_DTYPES = FLOAT_DTYPES + INT_DTYPES
+ALL_OPS = (R.SUM, R.AVG, R.MIN, R.MAX, R.PRODUCT)
+
+
+def ops_for(dtype):
+    return ALL_OPS if dtype in FLOAT_DTYPES else (R.SUM, R.MIN, R.MAX, R.PRODUCT)
+
+
+def exact_inputs(world, numel, dtype, op, seed=0):
+    """Per-rank inputs whose reduction is exact in `dtype`, so any summation order gives the same bits.
+
+    SUM: small integers (16-bit floats hold every integer up to 256). AVG: rank offsets that sum to
+    zero, so the mean is an integer. PRODUCT: +-1 with a few 2s. Integers: full-range values, whose
+    SUM and PRODUCT wrap.
+    """
+    gen = torch.Generator().manual_seed(seed * 7919 + world * 131 + numel)
+    idx = torch.arange(numel, dtype=torch.int64)
+    inputs = []
+    for rank in range(world):
+        if dtype in INT_DTYPES:
+            info = torch.iinfo(dtype)
+            if op == R.PRODUCT and dtype == torch.int64:
+                values = torch.randint(-3, 4, (numel,), generator=gen)
+            else:
+                low, high = max(info.min, -(2**62)), min(info.max, 2**62)  # randint's bounds fit int64
+                values = torch.randint(low, high + 1, (numel,), generator=gen, dtype=torch.int64)
+        elif op == R.PRODUCT:
+            values = torch.where((idx + rank) % 5 == 0, 2.0, torch.where((idx + rank) % 3 == 0, -1.0, 1.0))
+        elif op == R.AVG:
+            values = (idx % 5).double() + (rank - (world - 1) / 2)
+        elif op in (R.MIN, R.MAX):
+            values = torch.randn(numel, generator=gen, dtype=torch.float64) * 100
+        else:
+            values = (idx % 3 + (idx + rank) % 2).double()
+        inputs.append(values.to(dtype))
+    return inputs
+
+
+def reference(inputs, op):
+    """The exact result in the inputs' dtype: reduced in float64 (int64 for integers), then cast."""
+    dtype = inputs[0].dtype
+    wide = torch.stack([t.to(torch.float64 if dtype.is_floating_point else torch.int64) for t in inputs])
+    if op in (R.SUM, R.AVG):
+        result = wide.sum(0)
+        if op == R.AVG:
+            result = result / len(inputs)
+    elif op == R.PRODUCT:
+        result = wide.prod(0)
+    elif op == R.MIN:
+        result = wide.min(0).values
+    else:
+        result = wide.max(0).values
+    return result.to(dtype)
+
+
+def assert_bitwise_equal(results, expected=None, context=""):
+    """Every rank holds the same bits (and, when given, the expected bits)."""
+    first = results[0]
+    for rank, result in enumerate(results):
+        assert result.dtype == first.dtype and result.shape == first.shape, context
+        assert torch.equal(result.view(torch.uint8) if result.numel() else result,
+                           first.view(torch.uint8) if first.numel() else first), (
+            f"{context}: rank {rank} differs from rank 0"
+        )
+    if expected is not None:
+        assert torch.equal(first, expected), (
+            f"{context}: result differs from the closed form at "
+            f"{(first != expected).nonzero()[:5].flatten().tolist()}"
+        )

@@ -1,0 +1,135 @@
+"""Both algorithms on the `local` transport (ranks as threads): every dtype and op, world sizes 1-16."""
+
+import datetime
+
+import pytest
+import torch
+
+import ringreduce
+from reference import ALL_DTYPES, R, assert_bitwise_equal, exact_inputs, ops_for, reference
+
+WORLDS = [1, 2, 3, 4, 5, 6, 7, 8, 16]
+_worlds = {}
+
+
+def world_of(size):
+    """One LocalWorld per size, shared by the tests (each has its own worker threads)."""
+    if size not in _worlds:
+        _worlds[size] = ringreduce.LocalWorld(size, timeout=datetime.timedelta(seconds=60))
+    return _worlds[size]
+
+
+def counts_for(world):
+    return sorted({0, 1, max(world - 1, 0), world, 99_991, 1 << 20})
+
+
+def segment_for(numel, world, elem_size):
+    """About five segments per chunk, at an odd byte count so segments end ragged."""
+    return max(1, numel * elem_size // world // 5) + 3
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "central"])
+@pytest.mark.parametrize("world", WORLDS)
+def test_every_dtype_and_op_matches_the_closed_form(world, algorithm):
+    local = world_of(world)
+    for numel in counts_for(world):
+        for dtype in ALL_DTYPES:
+            for op in ops_for(dtype):
+                inputs = exact_inputs(world, numel, dtype, op)
+                tensors = [t.clone() for t in inputs]
+                segment = segment_for(numel, world, tensors[0].element_size())
+                local.all_reduce(tensors, op=op, algorithm=algorithm, segment_bytes=segment)
+                context = f"{algorithm} world={world} numel={numel} {dtype} {op}"
+                assert_bitwise_equal(tensors, reference(inputs, op), context)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "central"])
+@pytest.mark.parametrize("world", [2, 3, 5, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_random_floats_close_to_float64_and_identical_on_every_rank(world, algorithm, dtype):
+    gen = torch.Generator().manual_seed(world)
+    numel = 30_011
+    wide = [torch.randn(numel, generator=gen, dtype=torch.float64) for _ in range(world)]
+    for op in (R.SUM, R.AVG):
+        tensors = [w.to(dtype, copy=True) for w in wide]
+        expected = reference([w.clone() for w in tensors], op).double()
+        world_of(world).all_reduce(tensors, op=op, algorithm=algorithm, segment_bytes=4096)
+        assert_bitwise_equal(tensors, context=f"{algorithm} {dtype} {op}")
+        # Each of the world-1 reductions rounds once to the storage type.
+        eps = torch.finfo(dtype).eps
+        scale = torch.stack([w.to(dtype).double().abs() for w in wide]).sum(0)
+        if op == R.AVG:
+            scale = scale / world
+        error = (tensors[0].double() - expected).abs()
+        assert (error <= world * eps * scale + 1e-300).all(), f"{algorithm} {dtype} {op}: max error {error.max()}"
+
+
+def test_float16_and_bfloat16_round_to_nearest_even():
+    # 1 + 2^-11 is halfway between two float16 values (spacing 2^-10 at 1): it rounds to even, 1.0.
+    # For bfloat16 the spacing at 1 is 2^-7, so 1 + 2^-8 rounds to 1.0 and 1 + 3*2^-8 to 1 + 2^-6.
+    world = world_of(2)
+    for dtype, a, b, expected in [
+        (torch.float16, 1.0, 2.0**-11, 1.0),
+        (torch.float16, 1.0 + 2.0**-10, 2.0**-11, 1.0 + 2.0**-9),
+        (torch.bfloat16, 1.0, 2.0**-8, 1.0),
+        (torch.bfloat16, 1.0 + 2.0**-7, 2.0**-8, 1.0 + 2.0**-6),
+    ]:
+        tensors = [torch.tensor([a], dtype=dtype), torch.tensor([b], dtype=torch.float32).to(dtype)]
+        world.all_reduce(tensors)
+        assert tensors[0].item() == expected and tensors[1].item() == expected, (dtype, a, b, tensors)
+
+
+def test_float16_conversions_cover_subnormals_infinities_and_nan():
+    # Every float16 bit pattern, reduced with MAX against -inf, must come back unchanged (NaNs as NaN).
+    world = world_of(2)
+    every = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(torch.float16)
+    tensors = [every.clone(), torch.full_like(every, float("-inf"))]
+    world.all_reduce(tensors, op=R.MAX)
+    nan = every.isnan()
+    assert torch.equal(tensors[0][~nan], every[~nan]) and tensors[0][nan].isnan().all()
+    # SUM of two halves: compare with float32 arithmetic rounded by torch.
+    halves = every[~nan & ~every.isinf()]
+    tensors = [halves.clone(), halves.flip(0).clone()]
+    expected = (halves.float() + halves.flip(0).float()).half()
+    world.all_reduce(tensors)
+    assert torch.equal(tensors[0], expected)
+
+
+def test_bfloat16_matches_torch_rounding_on_random_sums():
+    world = world_of(2)
+    gen = torch.Generator().manual_seed(5)
+    a = (torch.randn(100_000, generator=gen) * 1e3).bfloat16()
+    b = (torch.randn(100_000, generator=gen) * 1e-2).bfloat16()
+    tensors = [a.clone(), b.clone()]
+    world.all_reduce(tensors)
+    assert torch.equal(tensors[0], (a.float() + b.float()).bfloat16())
+
+
+def test_bool_min_max_product_are_logical():
+    world = world_of(3)
+    rows = [torch.tensor([True, True, False, False]), torch.tensor([True, False, True, False]),
+            torch.tensor([True, True, True, False])]
+    for op, expected in [(R.MIN, [True, False, False, False]), (R.MAX, [True, True, True, False]),
+                         (R.PRODUCT, [True, False, False, False])]:
+        tensors = [r.clone() for r in rows]
+        world.all_reduce(tensors, op=op)
+        assert all(t.tolist() == expected for t in tensors), (op, tensors)
+
+
+def test_segment_size_from_the_environment_reaches_many_segments(monkeypatch):
+    world = world_of(4)
+    inputs = exact_inputs(4, 10_007, torch.float32, R.SUM)
+    monkeypatch.setenv("RINGREDUCE_SEGMENT_BYTES", "100")
+    for algorithm in ("ring", "central"):
+        tensors = [t.clone() for t in inputs]
+        world.all_reduce(tensors, algorithm=algorithm)
+        assert_bitwise_equal(tensors, reference(inputs, R.SUM), algorithm)
+
+
+def test_bad_segment_size_environment_is_refused_before_any_data_moves(monkeypatch):
+    world = world_of(2)
+    monkeypatch.setenv("RINGREDUCE_SEGMENT_BYTES", "lots")
+    tensors = [torch.ones(10), torch.ones(10)]
+    with pytest.raises(ValueError, match="RINGREDUCE_SEGMENT_BYTES"):
+        world.all_reduce(tensors)
+    assert all(torch.equal(t, torch.ones(10)) for t in tensors)
