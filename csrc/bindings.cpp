@@ -162,5 +162,4 @@ PYBIND11_MODULE(_C, m) {
         py::arg("segment_bytes"));
   m.def("central_schedule", &central_schedule_py, py::arg("numel"), py::arg("elem_size"), py::arg("segment_bytes"));
   m.def("build_info", &build_info);
-  m.attr("DEFAULT_SEGMENT_BYTES") = kDefaultSegmentBytes;
 }

@@ -10,7 +10,7 @@ namespace ringreduce {
 std::size_t resolve_segment_bytes(std::size_t requested) {
   if (requested > 0) return requested;
   const char* text = std::getenv(kSegmentBytesEnv);
-  if (text == nullptr || *text == '\0') return kDefaultSegmentBytes;
+  if (text == nullptr || *text == '\0') return 0;
   char* end = nullptr;
   errno = 0;
   const unsigned long long value = std::strtoull(text, &end, 10);
@@ -29,7 +29,8 @@ void Communicator::all_reduce(const AllReduceArgs& args) {
     throw std::runtime_error("ringreduce: this group's " + std::string(transport_->name()) +
                              " communicator failed earlier and cannot be used again: " + broken_);
   }
-  const std::size_t segment_bytes = resolve_segment_bytes(args.segment_bytes);
+  const std::size_t segment_bytes =
+      args.segment_bytes > 0 ? args.segment_bytes : transport_->default_segment_bytes();
   const std::unique_ptr<Reducer> reducer = make_reducer_(args.dtype, args.op, size());
   try {
     if (args.algorithm == Algorithm::Ring) {

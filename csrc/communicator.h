@@ -13,14 +13,11 @@
 
 namespace ringreduce {
 
-// Default pipeline segment. gloo's ring uses 1 MiB; on the CPU transports 256 KiB keeps a
-// segment and its staging slot in the 1 MiB L2 of this machine's cores and was the fastest of
-// 64 KiB..4 MiB at 16 and 64 MiB in benchmarks/RESULTS.md. Override per call or with the
-// environment variable below.
-constexpr std::size_t kDefaultSegmentBytes = 256 << 10;
+// Overrides every transport's default segment size (Transport::default_segment_bytes()).
 constexpr const char* kSegmentBytesEnv = "RINGREDUCE_SEGMENT_BYTES";
 
-// The segment size a call gets: `requested` if non-zero, else the environment, else the default.
+// The segment size a call gets: `requested` if non-zero, else the environment, else 0 (the
+// transport's default, resolved when the collective runs).
 std::size_t resolve_segment_bytes(std::size_t requested);
 
 struct AllReduceArgs {
@@ -29,7 +26,7 @@ struct AllReduceArgs {
   DType dtype = DType::Float32;
   ReduceOp op = ReduceOp::Sum;
   Algorithm algorithm = Algorithm::Ring;
-  std::size_t segment_bytes = 0;  // 0: resolve_segment_bytes()
+  std::size_t segment_bytes = 0;  // 0: the transport's default
   int root = 0;                   // central reducer only
 };
 

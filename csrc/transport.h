@@ -32,6 +32,8 @@ class Transport {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual const char* name() const = 0;
+  // The pipeline segment size that suits this transport (see each transport's constant).
+  virtual std::size_t default_segment_bytes() const = 0;
 
   // Send [data, data + bytes) to `peer`. The bytes must stay unchanged until wait() returns.
   virtual Request isend(int peer, const void* data, std::size_t bytes) = 0;

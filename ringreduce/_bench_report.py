@@ -1,0 +1,136 @@
+"""Records, the nccl-tests-style table, the plot and the progress bar of ringreduce.bench."""
+
+import sys
+import time
+
+
+def human_bytes(n: int) -> str:
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return str(n)
+
+
+def bus_factor(world: int) -> float:
+    """busbw / algbw for all-reduce: the share of the buffer each rank's links must carry."""
+    return 2 * (world - 1) / world if world > 1 else 0.0
+
+
+def record(impl, algorithm, transport, world, dtype, op, nbytes, seconds, wrong) -> dict:
+    algbw = nbytes / seconds / 1e9
+    return {
+        "impl": impl,
+        "algorithm": algorithm,
+        "transport": transport,
+        "world": world,
+        "dtype": dtype,
+        "op": op,
+        "bytes": nbytes,
+        "time_us": seconds * 1e6,
+        "algbw_GBps": algbw,
+        "busbw_GBps": algbw * bus_factor(world),
+        "wrong": wrong,
+    }
+
+
+def row_name(r) -> str:
+    if r["impl"] == "ringreduce":
+        return f"ringreduce {r['algorithm']}/{r['transport']}"
+    return f"{r['impl']} ({r['transport']})"
+
+
+def print_table(records, roof_GBps, out=sys.stdout):
+    if not records:
+        return
+    first = records[0]
+    names = sorted({row_name(r) for r in records}, key=lambda n: [row_name(r) for r in records].index(n))
+    width = max(len(n) for n in names)
+    out.write(
+        f"# all-reduce, {first['world']} ranks, {first['dtype']} {first['op']}; "
+        f"busbw = algbw * 2(n-1)/n; memcpy roof {roof_GBps:.2f} GB/s (one thread, bytes copied per second)\n#\n"
+    )
+    out.write(
+        f"# {'size':>10} {'count':>10} {'type':>8} {'redop':>5}  {'impl':<{width}} {'time':>10} {'algbw':>7} "
+        f"{'busbw':>7} {'#wrong':>6} {'%roof':>6}\n"
+        f"# {'(B)':>10} {'(elements)':>10} {'':>8} {'':>5}  {'':<{width}} {'(us)':>10} {'(GB/s)':>7} {'(GB/s)':>7}\n"
+    )
+    itemsize = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1}
+    for r in sorted(records, key=lambda r: (r["bytes"], names.index(row_name(r)))):
+        count = max(1, r["bytes"] // itemsize[r["dtype"]])
+        out.write(
+            f"  {r['bytes']:>10} {count:>10} {r['dtype']:>8} {r['op']:>5}  {row_name(r):<{width}} "
+            f"{r['time_us']:>10.1f} {r['algbw_GBps']:>7.3f} {r['busbw_GBps']:>7.3f} {r['wrong']:>6} "
+            f"{100 * r['busbw_GBps'] / roof_GBps:>6.1f}\n"
+        )
+    out.write("#\n")
+    for name in names:
+        rows = [r for r in records if row_name(r) == name]
+        out.write(f"# Avg bus bandwidth {name:<{width}} : {sum(r['busbw_GBps'] for r in rows) / len(rows):.3f} GB/s\n")
+    print_ratios(records, out)
+
+
+def print_ratios(records, out):
+    """Speed-ups of every ringreduce row over each baseline present, size by size."""
+    baselines = sorted({row_name(r) for r in records if r["impl"] != "ringreduce"})
+    if not baselines:
+        return
+    by_key = {(row_name(r), r["bytes"]): r for r in records}
+    mine = [n for n in dict.fromkeys(row_name(r) for r in records) if n.startswith("ringreduce")]
+    sizes = sorted({r["bytes"] for r in records})
+    for base in baselines:
+        out.write(f"#\n# speed-up over {base} (its time / ours; > 1 is faster)\n")
+        out.write("# " + " " * 28 + "".join(f"{human_bytes(s):>9}" for s in sizes) + "\n")
+        for name in mine:
+            cells = []
+            for size in sizes:
+                ours, theirs = by_key.get((name, size)), by_key.get((base, size))
+                cells.append(f"{theirs['time_us'] / ours['time_us']:>9.2f}" if ours and theirs else f"{'-':>9}")
+            out.write(f"# {name:<28}" + "".join(cells) + "\n")
+
+
+def plot(records, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    first = records[0]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name in dict.fromkeys(row_name(r) for r in records):
+        rows = sorted((r for r in records if row_name(r) == name), key=lambda r: r["bytes"])
+        style = "-" if name.startswith("ringreduce ring") else "--" if name.startswith("ringreduce") else ":"
+        ax.plot([r["bytes"] for r in rows], [r["busbw_GBps"] for r in rows], style, marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title(f"all-reduce, {first['world']} ranks, {first['dtype']} {first['op']}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+class Progress:
+    """A one-line progress bar on stderr."""
+
+    WIDTH = 30
+
+    def __init__(self, total, enabled=True):
+        self.total, self.count, self.enabled = total, 0, enabled and total > 0
+        self.start = time.perf_counter()
+
+    def step(self, label):
+        if not self.enabled:
+            return
+        filled = self.WIDTH * self.count // self.total
+        elapsed = time.perf_counter() - self.start
+        sys.stderr.write(f"\r[{'#' * filled}{'.' * (self.WIDTH - filled)}] {self.count}/{self.total} "
+                         f"{elapsed:5.0f}s {label:<40}")
+        sys.stderr.flush()
+        self.count += 1
+
+    def done(self):
+        if self.enabled:
+            sys.stderr.write(f"\r{' ' * (self.WIDTH + 60)}\r")
+            sys.stderr.flush()

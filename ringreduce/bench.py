@@ -1,0 +1,279 @@
+"""nccl-tests-style all-reduce benchmark: ringreduce's ring and central reducer beside torch.distributed.
+
+    python -m ringreduce.bench                    # 2 local CPU ranks, the default sweep
+    python -m ringreduce.bench --world 4 -b 4K -e 64M -f 4 --json bench.json --plot bench.png
+    torchrun --nproc_per_node 2 -m ringreduce.bench
+
+Every row of one run shares the same processes, so the ratios between rows are measured side by
+side. time_us is the slowest rank's mean time per call; algbw = bytes / time and
+busbw = algbw * 2(n-1)/n, as in nccl-tests. #wrong counts wrong elements in a separate, untimed
+pass that checks the result against its closed form.
+"""
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import ringreduce
+from ringreduce import _bench_report as report
+from ringreduce import _bench_peers as peers
+
+R = dist.ReduceOp
+OPS = {"sum": R.SUM, "avg": R.AVG, "min": R.MIN, "max": R.MAX, "prod": R.PRODUCT}
+DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "int32": torch.int32,
+    "int64": torch.int64,
+}
+DEFAULT_SIZES = "4K,64K,1M,16M,64M"
+# With --iters 0 each (row, size) is timed for about this long, within these iteration bounds:
+# long enough to average out the scheduler on a shared 2-core machine, short enough that the
+# default sweep stays under a minute.
+TARGET_SECONDS_PER_ROW = 0.4
+MIN_ITERS, MAX_ITERS = 5, 2000
+
+
+def parse_size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().rstrip("B")
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def size_sweep(args) -> list:
+    if args.minbytes is not None or args.maxbytes is not None:
+        low = parse_size(args.minbytes or "4K")
+        high = parse_size(args.maxbytes or "64M")
+        if args.stepfactor < 2:
+            raise SystemExit("-f/--stepfactor must be at least 2")
+        sizes = []
+        while low <= high:
+            sizes.append(low)
+            low *= args.stepfactor
+        return sizes
+    return [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m ringreduce.bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--world", type=int, default=2, help="local ranks to launch (ignored under torchrun)")
+    parser.add_argument("--sizes", default=DEFAULT_SIZES, help="comma-separated sizes in bytes, e.g. 4K,1M,64M")
+    parser.add_argument("-b", "--minbytes", help="smallest size (with -e and -f, like nccl-tests)")
+    parser.add_argument("-e", "--maxbytes", help="largest size")
+    parser.add_argument("-f", "--stepfactor", type=int, default=4, help="size multiplier between rows")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    parser.add_argument("--op", choices=sorted(OPS), default="sum")
+    parser.add_argument("--iters", type=int, default=0, help="timed calls per row (0: about 0.4 s per row)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed calls before timing")
+    parser.add_argument("--check", type=int, choices=(0, 1), default=1, help="run the untimed correctness pass")
+    parser.add_argument("--algorithms", default="ring,central")
+    parser.add_argument("--transports", default=None, help="CPU transports to time (default: all in this build)")
+    parser.add_argument("--no-torch", action="store_true", help="skip the torch.distributed rows")
+    parser.add_argument("--no-mpi", action="store_true", help="skip the OpenMPI rows even when mpi4py is present")
+    parser.add_argument("--json", metavar="PATH", help="write the records as a JSON list")
+    parser.add_argument("--plot", metavar="PATH", help="draw busbw against size (PNG)")
+    parser.add_argument("--progress", type=int, choices=(0, 1), default=1, help="progress bar on stderr")
+    return parser.parse_args(argv)
+
+
+# ---- data with a closed-form result -------------------------------------------------------------
+
+
+def bench_inputs(rank, world, numel, dtype, op):
+    """Rank `rank`'s input; every value and every partial result is exact in `dtype`."""
+    i = torch.arange(numel, dtype=torch.int64)
+    if op == R.PRODUCT:
+        values = torch.where((i + rank) % 5 == 0, 2, torch.where((i + rank) % 3 == 0, -1, 1))
+    elif op in (R.MIN, R.MAX):
+        values = (i * 7 + rank * 13) % 100 - 50
+    elif op == R.AVG:
+        return ((i % 5).double() + (rank - (world - 1) / 2)).to(dtype)
+    else:
+        values = i % 3 + (i + rank) % 2
+    return values.to(dtype)
+
+
+def expected_result(world, numel, dtype, op):
+    wide = [bench_inputs(r, world, numel, dtype, op).double() for r in range(world)]
+    if op in (R.SUM, R.AVG):
+        out = sum(wide)
+        out = out / world if op == R.AVG else out
+    elif op == R.PRODUCT:
+        out = torch.stack(wide).prod(0)
+    elif op == R.MIN:
+        out = torch.stack(wide).min(0).values
+    else:
+        out = torch.stack(wide).max(0).values
+    return out.to(dtype)
+
+
+# ---- timing ---------------------------------------------------------------------------------------
+
+
+def _slowest(seconds: float) -> float:
+    value = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(value, op=R.MAX)
+    return value.item()
+
+
+def _agree_iters(args, one_call_seconds: float) -> int:
+    """Rank 0 picks the iteration count so that every rank runs the same number."""
+    if args.iters > 0:
+        return args.iters
+    iters = torch.tensor([int(TARGET_SECONDS_PER_ROW / max(one_call_seconds, 1e-7))], dtype=torch.int64)
+    dist.broadcast(iters, src=0)
+    return max(MIN_ITERS, min(MAX_ITERS, int(iters.item())))
+
+
+def time_row(call, tensor, args) -> float:
+    """Mean seconds per call, the slowest rank's."""
+    for _ in range(args.warmup):
+        call(tensor)
+    dist.barrier()
+    start = time.perf_counter()
+    call(tensor)
+    iters = _agree_iters(args, _slowest(time.perf_counter() - start))
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(iters):
+        call(tensor)
+    return _slowest((time.perf_counter() - start) / iters)
+
+
+def count_wrong(call, rank, world, numel, dtype, op) -> int:
+    tensor = bench_inputs(rank, world, numel, dtype, op)
+    call(tensor)
+    wrong = torch.tensor([int((tensor != expected_result(world, numel, dtype, op)).sum())], dtype=torch.int64)
+    dist.all_reduce(wrong)
+    return int(wrong.item())
+
+
+def ringreduce_rows(args):
+    algorithms = [a for a in args.algorithms.split(",") if a]
+    available = [t for t in ringreduce.build_info()["transports"] if t != "local"]
+    transports = args.transports.split(",") if args.transports else [t for t in available if t != "nccl"]
+    rows = []
+    for transport in transports:
+        for algorithm in algorithms:
+            rows.append(
+                (
+                    ("ringreduce", algorithm, transport),
+                    lambda t, op, a=algorithm, tr=transport: ringreduce.all_reduce(t, op, algorithm=a, transport=tr),
+                )
+            )
+    return rows
+
+
+def run_sweep(args, rank, world):
+    dtype, op = DTYPES[args.dtype], OPS[args.op]
+    rows = ringreduce_rows(args)
+    if not args.no_torch:
+        rows.append((("torch.distributed", "-", dist.get_backend()), lambda t, op: dist.all_reduce(t, op)))
+    sizes = size_sweep(args)
+    progress = report.Progress(len(sizes) * len(rows), enabled=args.progress and rank == 0)
+    records = []
+    for size in sizes:
+        numel = max(1, size // torch.empty((), dtype=dtype).element_size())
+        for (impl, algorithm, transport), fn in rows:
+            progress.step(f"{impl} {algorithm} {transport} {report.human_bytes(size)}")
+            call = lambda t, fn=fn: fn(t, op)  # noqa: E731
+            seconds = time_row(call, torch.zeros(numel, dtype=dtype), args)
+            wrong = count_wrong(call, rank, world, numel, dtype, op) if args.check else -1
+            records.append(report.record(impl, algorithm, transport, world, args.dtype, args.op, size, seconds, wrong))
+    progress.done()
+    return records
+
+
+def memcpy_roof(nbytes: int, repeats: int = 5) -> float:
+    """One thread's memcpy bandwidth in GB/s (bytes copied per second) at `nbytes`."""
+    import numpy as np
+
+    src = np.ones(nbytes, dtype=np.uint8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - start)
+    return nbytes / best / 1e9
+
+
+# ---- launching ----------------------------------------------------------------------------------
+
+
+def bench_rank(rank, world, args):
+    """Body of every rank. Returns the records on rank 0, None elsewhere."""
+    torch.set_num_threads(1)  # one core per rank, as the transports assume
+    roof = None
+    if rank == 0:
+        roof = memcpy_roof(max(size_sweep(args)))
+    dist.barrier()
+    records = run_sweep(args, rank, world)
+    ringreduce.destroy()
+    return (records, roof) if rank == 0 else None
+
+
+def _spawned(rank, world, store_path, args, out_path):
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+    try:
+        result = bench_rank(rank, world, args)
+        if result is not None:
+            with open(out_path, "w") as out:
+                json.dump(result, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def launch(args):
+    """Records and the memcpy roof, from torchrun's ranks or from ranks this process spawns."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        dist.init_process_group("gloo")
+        result = bench_rank(dist.get_rank(), dist.get_world_size(), args)
+        dist.destroy_process_group()
+        return result
+    with tempfile.TemporaryDirectory() as tmp:
+        out_path = os.path.join(tmp, "records.json")
+        mp.start_processes(
+            _spawned, args=(args.world, os.path.join(tmp, "store"), args, out_path), nprocs=args.world, start_method="spawn"
+        )
+        with open(out_path) as f:
+            records, roof = json.load(f)
+    return records, roof
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.world < 1:
+        raise SystemExit("--world must be at least 1")
+    result = launch(args)
+    if result is None:  # a non-zero torchrun rank
+        return
+    records, roof = result
+    if not args.no_mpi and "RANK" not in os.environ:
+        records += peers.mpi_rows(args, size_sweep(args))
+    report.print_table(records, roof, sys.stdout)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(records, f, indent=1)
+    if args.plot:
+        report.plot(records, args.plot)
+    if any(r["wrong"] > 0 for r in records):
+        raise SystemExit("some rows returned wrong results (#wrong > 0)")
+
+
+if __name__ == "__main__":
+    main()
