@@ -1,6 +1,7 @@
 // Python bindings: tensor checks, the job that runs an all-reduce, and the group factories.
 #include <torch/extension.h>
 
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <chrono>
@@ -9,7 +10,9 @@
 #include "cpu_reducer.h"
 #include "local_transport.h"
 #include "pg_transport.h"
+#include "rendezvous.h"
 #include "schedule.h"
+#include "shm_transport.h"
 
 namespace py = pybind11;
 
@@ -53,12 +56,39 @@ void delete_without_gil(Communicator* communicator) {
   }
 }
 
+// The engine's rendezvous, backed by a torch.distributed store.
+class StoreRendezvous final : public Rendezvous {
+ public:
+  explicit StoreRendezvous(c10d::Store& store) : store_(c10::intrusive_ptr<c10d::Store>::reclaim_copy(&store)) {}
+  void set(const std::string& key, const std::string& value) override {
+    store_->set(key, std::vector<std::uint8_t>(value.begin(), value.end()));
+  }
+  std::string get(const std::string& key) override {
+    const std::vector<std::uint8_t> value = store_->get(key);
+    return std::string(value.begin(), value.end());
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+};
+
 std::shared_ptr<Communicator> make_communicator(std::unique_ptr<Transport> transport) {
   return std::shared_ptr<Communicator>(new Communicator(std::move(transport), &make_cpu_reducer), &delete_without_gil);
 }
 
+// One call's work: reduce `buffer`, then copy it into `tensor` when it is a contiguous stand-in.
+void reduce_and_write_back(Communicator& communicator, const AllReduceArgs& args, const at::Tensor& tensor,
+                           const at::Tensor& buffer) {
+  at::NoGradGuard no_grad;
+  communicator.all_reduce(args);
+  if (!buffer.is_same(tensor)) tensor.copy_(buffer);
+}
+
 py::object all_reduce(Communicator& communicator, const at::Tensor& tensor, int op_code, int algorithm_code,
                       std::size_t segment_bytes, int root, bool async_op) {
+  if (op_code < 0 || op_code >= kReduceOpCount || algorithm_code < 0 || algorithm_code > 1) {
+    throw std::invalid_argument(detail::concat("ringreduce: bad op code ", op_code, " or algorithm code ", algorithm_code));
+  }
   const auto op = static_cast<ReduceOp>(op_code);
   const auto algorithm = static_cast<Algorithm>(algorithm_code);
   const DType dtype = to_dtype(tensor, op);
@@ -77,17 +107,13 @@ py::object all_reduce(Communicator& communicator, const at::Tensor& tensor, int 
   args.algorithm = algorithm;
   args.segment_bytes = resolve_segment_bytes(segment_bytes);
   args.root = root;
-  Communicator* comm = &communicator;  // outlives its jobs: its executor drains before it dies
-  auto job = [comm, args, tensor, buffer] {
-    at::NoGradGuard no_grad;
-    comm->all_reduce(args);
-    if (!buffer.is_same(tensor)) tensor.copy_(buffer);
-  };
   if (!async_op) {
     py::gil_scoped_release release;
-    comm->executor().run(job);
+    communicator.executor().run([&] { reduce_and_write_back(communicator, args, tensor, buffer); });
     return py::none();
   }
+  Communicator* comm = &communicator;  // outlives its jobs: its executor drains before it dies
+  auto job = [comm, args, tensor, buffer] { reduce_and_write_back(*comm, args, tensor, buffer); };
   auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
   comm->executor().submit(std::move(job), [future, tensor](std::exception_ptr error) {
     if (error) {
@@ -119,7 +145,7 @@ py::dict build_info() {
   info["torch"] = RINGREDUCE_TORCH_VERSION;
   info["cuda"] = false;
   info["nccl"] = py::none();
-  info["transports"] = py::make_tuple("local", "pg");
+  info["transports"] = py::make_tuple("local", "pg", "shm");
   return info;
 }
 
@@ -157,6 +183,15 @@ PYBIND11_MODULE(_C, m) {
         return make_communicator(std::make_unique<ProcessGroupTransport>(std::move(owned), to_millis(timeout_s)));
       },
       py::arg("backend"), py::arg("timeout_s"), "A communicator over a torch.distributed backend (e.g. gloo).");
+
+  m.def(
+      "shm_communicator",
+      [](c10d::Store& store, int rank, int world, double timeout_s) {
+        StoreRendezvous rendezvous(store);
+        return make_communicator(std::make_unique<ShmTransport>(rendezvous, rank, world, to_millis(timeout_s)));
+      },
+      py::arg("store"), py::arg("rank"), py::arg("world"), py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>(),
+      "A communicator over shared memory; every rank of the group must be on this host.");
 
   m.def("ring_schedule", &ring_schedule_py, py::arg("numel"), py::arg("elem_size"), py::arg("world"), py::arg("rank"),
         py::arg("segment_bytes"));

@@ -11,9 +11,11 @@ namespace ringreduce {
 
 // Element types the engine reduces. Bool travels as UInt8 (MIN, MAX and PRODUCT only).
 enum class DType : int { Float32, Float64, Float16, BFloat16, Int8, UInt8, Int32, Int64 };
+constexpr int kDTypeCount = 8;
 
 // Same meaning as torch.distributed.ReduceOp.
 enum class ReduceOp : int { Sum, Avg, Min, Max, Product };
+constexpr int kReduceOpCount = 5;
 
 enum class Algorithm : int { Ring, Central };
 

@@ -24,6 +24,12 @@ std::size_t resolve_segment_bytes(std::size_t requested) {
 Communicator::Communicator(std::unique_ptr<Transport> transport, ReducerFactory make_reducer)
     : transport_(std::move(transport)), make_reducer_(std::move(make_reducer)) {}
 
+const Reducer& Communicator::reducer(DType dtype, ReduceOp op) {
+  std::unique_ptr<Reducer>& slot = reducers_[static_cast<int>(dtype)][static_cast<int>(op)];
+  if (!slot) slot = make_reducer_(dtype, op, size());
+  return *slot;
+}
+
 void Communicator::all_reduce(const AllReduceArgs& args) {
   if (!broken_.empty()) {
     throw std::runtime_error("ringreduce: this group's " + std::string(transport_->name()) +
@@ -31,12 +37,12 @@ void Communicator::all_reduce(const AllReduceArgs& args) {
   }
   const std::size_t segment_bytes =
       args.segment_bytes > 0 ? args.segment_bytes : transport_->default_segment_bytes();
-  const std::unique_ptr<Reducer> reducer = make_reducer_(args.dtype, args.op, size());
+  const Reducer& reducer = this->reducer(args.dtype, args.op);
   try {
     if (args.algorithm == Algorithm::Ring) {
-      ring_all_reduce(*transport_, *reducer, args.data, args.numel, segment_bytes);
+      ring_all_reduce(*transport_, reducer, args.data, args.numel, segment_bytes);
     } else {
-      central_all_reduce(*transport_, *reducer, args.data, args.numel, segment_bytes, args.root);
+      central_all_reduce(*transport_, reducer, args.data, args.numel, segment_bytes, args.root);
     }
   } catch (const std::exception& error) {
     broken_ = error.what();

@@ -46,8 +46,12 @@ class Communicator {
   void all_reduce(const AllReduceArgs& args);
 
  private:
+  const Reducer& reducer(DType dtype, ReduceOp op);
+
   std::unique_ptr<Transport> transport_;
   ReducerFactory make_reducer_;
+  // Reducers made so far, by dtype and op: a call reuses them instead of allocating.
+  std::unique_ptr<Reducer> reducers_[kDTypeCount][kReduceOpCount];
   std::string broken_;  // why the communicator stopped, empty while healthy
   // Destroyed first, so no job outlives the transport.
   OrderedExecutor executor_;

@@ -15,35 +15,31 @@ OrderedExecutor::~OrderedExecutor() {
   worker_.join();
 }
 
-void OrderedExecutor::run(const Job& job) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (queue_.empty() && !busy_) {
-    busy_ = true;
-    lock.unlock();
-    std::exception_ptr error;
-    try {
-      job();
-    } catch (...) {
-      error = std::current_exception();
-    }
-    lock.lock();
+bool OrderedExecutor::try_claim() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!queue_.empty() || busy_) return false;
+  busy_ = true;
+  return true;
+}
+
+void OrderedExecutor::release() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
     busy_ = false;
-    lock.unlock();
-    changed_.notify_all();
-    if (error) std::rethrow_exception(error);
-    return;
   }
+  changed_.notify_all();
+}
+
+void OrderedExecutor::run_queued(Job job) {
   std::promise<void> finished;
   std::future<void> outcome = finished.get_future();
-  queue_.push_back(Task{job, [&finished](std::exception_ptr error) {
-                          if (error) {
-                            finished.set_exception(error);
-                          } else {
-                            finished.set_value();
-                          }
-                        }});
-  lock.unlock();
-  changed_.notify_all();
+  submit(std::move(job), [&finished](std::exception_ptr error) {
+    if (error) {
+      finished.set_exception(error);
+    } else {
+      finished.set_value();
+    }
+  });
   outcome.get();
 }
 

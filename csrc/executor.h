@@ -21,8 +21,17 @@ class OrderedExecutor {
   OrderedExecutor& operator=(const OrderedExecutor&) = delete;
 
   // Runs `job` after every job issued before it and returns when it is done. When nothing is
-  // queued it runs on the calling thread, which saves two thread hand-offs on small messages.
-  void run(const Job& job);
+  // queued it runs on the calling thread, which saves two thread hand-offs (and the allocation of
+  // a std::function) on small messages.
+  template <typename F>
+  void run(F&& job) {
+    if (!try_claim()) return run_queued(Job(std::forward<F>(job)));
+    struct Release {
+      OrderedExecutor* self;
+      ~Release() { self->release(); }
+    } release{this};
+    job();
+  }
 
   // Queues `job` for the worker thread; `done` is called on that thread with its outcome.
   void submit(Job job, Done done);
@@ -32,6 +41,9 @@ class OrderedExecutor {
     Job job;
     Done done;
   };
+  bool try_claim();  // true when idle: the caller runs its job and then calls release()
+  void release();
+  void run_queued(Job job);
   void loop();
 
   std::mutex mutex_;

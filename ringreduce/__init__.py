@@ -7,6 +7,7 @@
 
 import torch  # noqa: F401  (loads libtorch before the extension)
 
+from ringreduce import hooks
 from ringreduce._C import CommTimeoutError
 from ringreduce.collectives import all_reduce, destroy
 from ringreduce.info import build_info
@@ -21,4 +22,5 @@ __all__ = [
     "all_reduce",
     "build_info",
     "destroy",
+    "hooks",
 ]

@@ -27,8 +27,12 @@ _SUPPORTED_NAMES = "float32, float64, float16, bfloat16, int8, uint8, int32, int
 
 def op_code(op) -> int:
     """The engine code of a torch.distributed.ReduceOp."""
-    red_op = op if isinstance(op, _RED_OP) else getattr(op, "op", None)
-    code = OP_CODES.get(red_op) if isinstance(red_op, _RED_OP) else None
+    try:
+        code = OP_CODES.get(op)  # a ReduceOp.RedOpType, the common case
+        if code is None:
+            code = OP_CODES.get(getattr(op, "op", None))  # a ReduceOp instance wraps one
+    except TypeError:  # unhashable
+        code = None
     if code is None:
         raise ValueError(
             f"ringreduce supports ReduceOp SUM, AVG, MIN, MAX and PRODUCT, got {op!r}; "
@@ -44,8 +48,27 @@ def algorithm_code(algorithm) -> int:
     return code
 
 
+# dtype -> whether it is an integer type (AVG is refused there). Complex and other dtypes are absent.
+_DTYPE_IS_INTEGER = {dtype: dtype in _INTEGER_DTYPES for dtype in SUPPORTED_DTYPES}
+_SUM, _AVG = OP_CODES[_RED_OP.SUM], OP_CODES[_RED_OP.AVG]
+
+
 def check_tensor(tensor, op_code_: int) -> None:
-    """Raise TypeError for a tensor ringreduce cannot reduce with this op."""
+    """Raise TypeError for a tensor ringreduce cannot reduce with this op. Cheap on the common path."""
+    is_integer = _DTYPE_IS_INTEGER.get(getattr(tensor, "dtype", None))
+    if is_integer is None or tensor.layout != torch.strided or tensor.is_meta:
+        _explain_unsupported(tensor)
+    if is_integer and op_code_ in (_SUM, _AVG):
+        if tensor.dtype == torch.bool:
+            raise TypeError("ringreduce reduces torch.bool with MIN, MAX or PRODUCT only; convert to an integer dtype for SUM")
+        if op_code_ == _AVG:
+            raise TypeError(
+                f"ReduceOp.AVG is not defined for integer tensors ({tensor.dtype}), as in torch.distributed; "
+                "use SUM and divide, or a floating dtype"
+            )
+
+
+def _explain_unsupported(tensor):
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"ringreduce.all_reduce expects a torch.Tensor, got {type(tensor).__name__}")
     if tensor.layout != torch.strided:
@@ -57,15 +80,7 @@ def check_tensor(tensor, op_code_: int) -> None:
             f"ringreduce cannot reduce complex tensors ({tensor.dtype}); "
             "reduce torch.view_as_real(tensor) instead (SUM and AVG are exact on it)"
         )
-    if tensor.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"ringreduce cannot reduce {tensor.dtype} tensors; supported: {_SUPPORTED_NAMES}")
-    if tensor.dtype == torch.bool and op_code_ in (OP_CODES[_RED_OP.SUM], OP_CODES[_RED_OP.AVG]):
-        raise TypeError("ringreduce reduces torch.bool with MIN, MAX or PRODUCT only; convert to an integer dtype for SUM")
-    if op_code_ == OP_CODES[_RED_OP.AVG] and tensor.dtype in _INTEGER_DTYPES:
-        raise TypeError(
-            f"ReduceOp.AVG is not defined for integer tensors ({tensor.dtype}), as in torch.distributed; "
-            "use SUM and divide, or a floating dtype"
-        )
+    raise TypeError(f"ringreduce cannot reduce {tensor.dtype} tensors; supported: {_SUPPORTED_NAMES}")
 
 
 def check_segment_bytes(segment_bytes) -> int:

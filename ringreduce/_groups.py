@@ -1,7 +1,8 @@
-"""Which communicator serves a call: one per (group, transport), created on first use."""
+"""Which communicator serves a call: one per (group, transport), created collectively on first use."""
 
 import datetime
 import os
+import socket
 import threading
 
 import torch
@@ -10,11 +11,10 @@ import torch.distributed as dist
 from ringreduce import _C, _debug
 
 # Transports of this build and the devices they serve.
-TRANSPORT_DEVICES = {"local": ("cpu",), "pg": ("cpu",)}
+TRANSPORT_DEVICES = {"local": ("cpu",), "pg": ("cpu",), "shm": ("cpu",)}
 
 _lock = threading.Lock()
-_communicators = {}  # (group, transport) -> _C.Communicator
-_creations = {}  # group name -> communicators created so far; keeps store prefixes unique
+_states = {}  # torch group -> _GroupState
 
 
 def timeout_seconds(group) -> float:
@@ -35,6 +35,64 @@ def timeout_seconds(group) -> float:
     return timeout.total_seconds()
 
 
+def host_identity() -> str:
+    """Host name plus boot id: equal for two processes exactly when they can share /dev/shm."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot_id = f.read().strip()
+    except OSError:
+        boot_id = "unknown-boot"
+    return f"{socket.gethostname()}/{boot_id}"
+
+
+class _GroupState:
+    """ringreduce's state for one torch.distributed group: its communicators and store prefixes."""
+
+    _creations = {}  # group name -> store prefixes handed out, so a re-created group gets fresh keys
+
+    def __init__(self, group):
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+        self.communicators = {}
+        self._single_host = None
+        entry = dist.distributed_c10d._world.pg_map.get(group)
+        self._store = entry[1] if entry is not None else group.get_group_store()
+
+    def fresh_store(self, purpose):
+        """A store under a prefix no earlier ringreduce use of this group has taken (collective)."""
+        count = self._creations.get(self.group.group_name, 0)
+        self._creations[self.group.group_name] = count + 1
+        return dist.PrefixStore(f"ringreduce/{self.group.group_name}/{count}/{purpose}/", self._store)
+
+    def single_host(self) -> bool:
+        """Whether every rank runs on this host, agreed through the group's store (collective, once)."""
+        if self._single_host is None:
+            store = self.fresh_store("hosts")
+            store.set(str(self.rank), host_identity())
+            hosts = {store.get(str(r)).decode() for r in range(self.size)}
+            self._single_host = len(hosts) == 1
+        return self._single_host
+
+    def create(self, transport, timeout_s):
+        store = self.fresh_store(transport)
+        if transport == "shm":
+            if not self.single_host():
+                raise ValueError("transport 'shm' needs every rank of the group on one host; use 'pg' or None")
+            return _C.shm_communicator(store, self.rank, self.size, timeout_s)
+        # A private gloo group: ring messages never interleave with the user's own collectives.
+        backend = dist.ProcessGroupGloo(store, self.rank, self.size, datetime.timedelta(seconds=timeout_s))
+        return _C.pg_communicator(backend, timeout_s)
+
+    def choose(self, device_type):
+        """Automatic transport choice: (name, reason)."""
+        if device_type != "cpu":
+            raise ValueError(f"ringreduce has no transport for {device_type} tensors in this build (see build_info())")
+        if self.single_host():
+            return "shm", "CPU tensor, every rank on this host: shared memory"
+        return "pg", "CPU tensor, ranks on several hosts: point-to-point over a private gloo group"
+
+
 def _check_transport(name, device_type):
     if name not in TRANSPORT_DEVICES:
         known = ", ".join(sorted(TRANSPORT_DEVICES))
@@ -46,70 +104,62 @@ def _check_transport(name, device_type):
         )
 
 
-def _choose_transport(device_type):
-    """Automatic choice for a torch.distributed group: (transport, reason)."""
-    if device_type == "cpu":
-        return "pg", "CPU tensor: point-to-point over a private gloo group"
-    raise ValueError(f"ringreduce has no transport for {device_type} tensors in this build (see ringreduce.build_info())")
-
-
-def _group_store(group):
-    entry = dist.distributed_c10d._world.pg_map.get(group)
-    return entry[1] if entry is not None else group.get_group_store()
-
-
-def _create(group, transport, timeout_s):
-    rank, size = dist.get_rank(group), dist.get_world_size(group)
-    count = _creations.get(group.group_name, 0)
-    _creations[group.group_name] = count + 1
-    prefix = f"ringreduce/{group.group_name}/{count}/{transport}/"
-    store = dist.PrefixStore(prefix, _group_store(group))
-    # A private gloo group: ring messages never interleave with the user's own collectives.
-    backend = dist.ProcessGroupGloo(store, rank, size, datetime.timedelta(seconds=timeout_s))
-    return _C.pg_communicator(backend, timeout_s)
+# (group, transport, device type) -> communicator: the per-call fast path.
+_resolved = {}
+# (communicator, algorithm) pairs already logged under RINGREDUCE_DEBUG=INFO.
+_logged = set()
 
 
 def communicator(group, tensor, transport, algorithm):
     """The communicator for this call, created (collectively) on first use."""
+    if group is None:
+        group = dist.group.WORLD  # None before init_process_group: _resolve says what to do
+    key = (group, transport, tensor.is_cuda)  # is_cuda is cheaper than device.type
+    comm = _resolved.get(key)
+    if comm is None:
+        comm = _resolve(group, tensor.device.type, transport)
+        _resolved[key] = comm
+    if (comm, algorithm) not in _logged:
+        _logged.add((comm, algorithm))
+        _debug.info_once((id(comm), algorithm), f"rank {comm.rank}/{comm.size}: algorithm {algorithm}, "
+                                                f"transport {comm.transport}")
+    return comm
+
+
+def _resolve(group, device_type, transport):
     from ringreduce.local import LocalGroup
 
-    device_type = tensor.device.type
     if isinstance(group, LocalGroup):
-        comm = group.communicator(device_type, transport)
-        _debug.info_once((comm, algorithm), f"LocalWorld rank {comm.rank}/{comm.size}: algorithm {algorithm}, transport local")
-        return comm
+        return group.communicator(device_type, transport)
     if transport == "local":
         raise ValueError("transport 'local' runs ranks as threads of one process: pass a ringreduce.LocalWorld group")
-    if group is None:
-        if not dist.is_initialized():
-            raise RuntimeError(
-                "ringreduce.all_reduce with group=None needs torch.distributed.init_process_group() first "
-                "(or torchrun); for ranks as threads of one process use ringreduce.LocalWorld"
-            )
-        group = dist.group.WORLD
-    if transport is None:
-        transport, reason = _choose_transport(device_type)
-    else:
+    if transport is not None:
         _check_transport(transport, device_type)
-        reason = "requested"
-    key = (group, transport)
-    comm = _communicators.get(key)
-    if comm is None:
-        with _lock:
-            comm = _communicators.get(key)
-            if comm is None:
-                comm = _create(group, transport, timeout_seconds(group))
-                _communicators[key] = comm
-    _debug.info_once(
-        (key, algorithm),
-        f"group {group.group_name!r} rank {comm.rank}/{comm.size}: algorithm {algorithm}, "
-        f"transport {transport} ({reason})",
-    )
+    if group is None:
+        raise RuntimeError(
+            "ringreduce.all_reduce with group=None needs torch.distributed.init_process_group() first "
+            "(or torchrun); for ranks as threads of one process use ringreduce.LocalWorld"
+        )
+    with _lock:
+        state = _states.get(group)
+        if state is None:
+            state = _states[group] = _GroupState(group)
+        name, reason = state.choose(device_type) if transport is None else (transport, "requested")
+        comm = state.communicators.get((name, device_type))
+        if comm is None:
+            comm = state.communicators[(name, device_type)] = state.create(name, timeout_seconds(group))
+            _debug.info_once(
+                (id(comm), "transport"),
+                f"group {group.group_name!r} rank {comm.rank}/{comm.size}: transport {name} ({reason})",
+            )
     return comm
 
 
 def destroy(group=None) -> None:
     """Drop the communicators of `group` (all groups when None); later calls create new ones."""
     with _lock:
-        for key in [k for k in _communicators if group is None or k[0] is group]:
-            del _communicators[key]
+        for key in [g for g in _states if group is None or g is group]:
+            del _states[key]
+        for key in [k for k in _resolved if group is None or k[0] is group]:
+            del _resolved[key]
+        _logged.clear()

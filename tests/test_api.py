@@ -157,6 +157,7 @@ def test_debug_info_logs_the_choice_once_per_group_and_algorithm(capfd):
     assert results[0] == [2.0**6] * 8
     err = capfd.readouterr().err
     lines = [line for line in err.splitlines() if "ringreduce INFO" in line]
-    assert len(lines) == 4, err  # 2 ranks x 2 algorithms
-    assert sum("algorithm ring, transport pg" in line for line in lines) == 2
-    assert all("rank" in line and "gloo" in line for line in lines)
+    assert len(lines) == 6, err  # per rank: the transport, then each algorithm once
+    assert sum("transport shm (CPU tensor, every rank on this host" in line for line in lines) == 2, err
+    assert sum("algorithm ring, transport shm" in line for line in lines) == 2, err
+    assert sum("algorithm central, transport shm" in line for line in lines) == 2, err

@@ -1,4 +1,4 @@
-"""The `pg` transport over gloo, in separate processes, against torch.distributed.all_reduce."""
+"""The process transports (`pg` over gloo, `shm`) in separate processes, against torch.distributed.all_reduce."""
 
 import pytest
 import torch
@@ -9,7 +9,7 @@ from multiproc import run_ranks
 from reference import ALL_DTYPES, R, exact_inputs, ops_for, reference
 
 
-def _matrix(rank, world):
+def _matrix(rank, world, transport):
     checks = 0
     for algorithm in ("ring", "central"):
         for numel in sorted({0, 1, world - 1, world, 99_991}):
@@ -18,7 +18,7 @@ def _matrix(rank, world):
                     inputs = exact_inputs(world, numel, dtype, op)
                     mine = inputs[rank].clone()
                     theirs = inputs[rank].clone()
-                    ringreduce.all_reduce(mine, op, algorithm=algorithm, transport="pg", segment_bytes=8192)
+                    ringreduce.all_reduce(mine, op, algorithm=algorithm, transport=transport, segment_bytes=8192)
                     dist.all_reduce(theirs, op)
                     context = f"{algorithm} numel={numel} {dtype} {op}"
                     assert torch.equal(mine, reference(inputs, op)), context
@@ -27,7 +27,7 @@ def _matrix(rank, world):
     return checks
 
 
-def _random_floats_and_async(rank, world):
+def _random_floats_and_async(rank, world, transport):
     gen = torch.Generator().manual_seed(rank)
     results = {}
     for algorithm in ("ring", "central"):
@@ -35,11 +35,11 @@ def _random_floats_and_async(rank, world):
         expected = data.clone()
         dist.all_reduce(expected)
         mine = data.clone()
-        ringreduce.all_reduce(mine, algorithm=algorithm)
+        ringreduce.all_reduce(mine, algorithm=algorithm, transport=transport)
         torch.testing.assert_close(mine, expected, rtol=1e-5, atol=1e-5)
         # Async: several in flight, completed in issue order, each future holding [tensor].
         tensors = [torch.full((1000 + i,), float(rank + i)) for i in range(8)]
-        works = [ringreduce.all_reduce(t, async_op=True, algorithm=algorithm) for t in tensors]
+        works = [ringreduce.all_reduce(t, async_op=True, algorithm=algorithm, transport=transport) for t in tensors]
         for i, work in enumerate(works):
             work.wait()
             assert work.is_completed()
@@ -51,13 +51,15 @@ def _random_floats_and_async(rank, world):
     return {k: v.view(torch.int32).sum().item() for k, v in results.items()}
 
 
+@pytest.mark.parametrize("transport", ["pg", "shm"])
 @pytest.mark.parametrize("world", [2, 3, 4])
-def test_pg_matches_torch_distributed_for_every_dtype_and_op(world):
-    checks = run_ranks(world, _matrix)
+def test_matches_torch_distributed_for_every_dtype_and_op(world, transport):
+    checks = run_ranks(world, _matrix, transport)
     assert checks[0] > 0 and len(set(checks)) == 1
 
 
+@pytest.mark.parametrize("transport", ["pg", "shm"])
 @pytest.mark.parametrize("world", [2, 3, 4])
-def test_pg_random_floats_and_async_handles(world):
-    digests = run_ranks(world, _random_floats_and_async)
+def test_random_floats_and_async_handles(world, transport):
+    digests = run_ranks(world, _random_floats_and_async, transport)
     assert all(d == digests[0] for d in digests), "ranks hold different bits"

@@ -1,0 +1,86 @@
+// `shm`: ranks of one host exchange through POSIX shared memory.
+//
+// Each rank owns one segment holding a bounded staging area: for every peer, a channel of
+// kShmSlots slots of kShmSlotBytes. A send copies its bytes into the sender's slots (the one copy
+// a shared address space needs); the receiver reads them straight out of the sender's slot,
+// either copying into its buffer or reducing into it with no intermediate copy. Flags in the
+// segment say which slots are full; a rank with nothing to do spins briefly, then sleeps on a
+// futex in its own segment that peers ring, with a timeout and a check that peers are alive.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "rendezvous.h"
+#include "transport.h"
+
+namespace ringreduce {
+
+// Staging slot size, and the default pipeline segment of the shm transport. A 256 KiB slot and
+// the buffer span it is reduced into both stay in a core's 1 MiB L2 here; 64 KiB and 1 MiB slots
+// were slower at 16 and 64 MiB in benchmarks/RESULTS.md.
+constexpr std::size_t kShmSlotBytes = 256 << 10;
+// Slots per channel: two segments in flight each way (the algorithms' pipeline depth) plus the
+// one being reduced, rounded up to a power of two.
+constexpr std::size_t kShmSlots = 4;
+// Staging memory a rank reserves per peer; only channels in use are touched (the ring touches one).
+constexpr std::size_t kShmChannelBytes = kShmSlots * kShmSlotBytes;
+
+class ShmTransport final : public Transport {
+ public:
+  // Collective: every rank of the group constructs one with the same rendezvous.
+  ShmTransport(Rendezvous& rendezvous, int rank, int world, std::chrono::milliseconds timeout);
+  ~ShmTransport() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return world_; }
+  const char* name() const override { return "shm"; }
+  std::size_t default_segment_bytes() const override { return kShmSlotBytes; }
+
+  Request isend(int peer, const void* data, std::size_t bytes) override;
+  Request irecv(int peer, void* data, std::size_t bytes) override;
+  Request irecv_reduce(int peer, void* data, std::size_t bytes, const Reducer& reducer, bool last) override;
+  void wait(Request request) override;
+  void abort(const std::string& reason) override;
+
+  struct Segment;  // a mapped shared-memory segment (shm_transport.cpp)
+
+ private:
+  struct SendOp {
+    std::uint64_t sequence;
+    const char* data;
+    std::size_t bytes;
+    std::size_t done = 0;
+  };
+  struct RecvOp {
+    std::uint64_t sequence;
+    char* data;
+    std::size_t bytes;
+    const Reducer* reducer;
+    bool last;
+    std::size_t done = 0;
+  };
+
+  Request post_recv(int peer, void* data, std::size_t bytes, const Reducer* reducer, bool last);
+  bool push_sends(int peer);
+  bool pull_recvs(int peer, std::uint64_t through_sequence);
+  bool is_done(Request request) const;
+  void idle(std::uint32_t doorbell_seen, std::chrono::steady_clock::time_point deadline, Request request);
+  void ring(int peer);
+  [[noreturn]] void fail(const std::string& what);
+
+  int rank_;
+  int world_;
+  std::chrono::milliseconds timeout_;
+  std::chrono::nanoseconds spin_;
+  std::vector<std::unique_ptr<Segment>> segments_;  // by rank; segments_[rank_] is ours
+  std::vector<std::deque<SendOp>> sends_;           // by destination, in posting order
+  std::vector<std::deque<RecvOp>> recvs_;           // by source, in posting order
+  std::uint64_t next_sequence_ = 0;
+};
+
+}  // namespace ringreduce
