@@ -8,7 +8,7 @@ BUILT := $(VENV)/.ringreduce-built
 # Parallel compile jobs for the extension (this machine has 2 cores).
 export MAX_JOBS ?= 2
 
-.PHONY: install build test bench clean
+.PHONY: install build test bench bench-peers clean
 
 # Set-up: a virtual environment with torch (the default, CUDA-enabled wheel) and the extension,
 # built against that torch (no build isolation, which would pull in a second torch).
@@ -30,7 +30,12 @@ test: build
 	$(PY) -m pytest -q
 
 bench: build
-	$(PY) -m ringreduce.bench --json bench.json
+	$(PY) -m ringreduce.bench --json bench.json --plot bench.png
+
+# Optional peers for the benchmark: OpenMPI (Debian packages) and mpi4py, for the MPI_Allreduce rows.
+bench-peers: install
+	command -v mpirun >/dev/null || (apt-get update -q && apt-get install -y -q openmpi-bin libopenmpi-dev)
+	$(PIP) install -q mpi4py
 
 clean:
 	rm -rf build ringreduce/*.so *.egg-info

@@ -24,7 +24,19 @@ std::chrono::milliseconds to_millis(double seconds) {
   return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
 }
 
+// The engine's dtype for a tensor; raises TypeError for what it cannot reduce. (ringreduce/_checks.py
+// has already refused other dtypes with the same kind of message.)
 DType to_dtype(const at::Tensor& tensor, ReduceOp op) {
+  if (tensor.layout() != at::kStrided) {
+    throw py::type_error(detail::concat("ringreduce cannot reduce ", tensor.layout(), " tensors; call .to_dense() first"));
+  }
+  if (tensor.is_meta()) {
+    throw py::type_error("ringreduce cannot reduce a meta tensor: it has no data; allocate it on cpu or cuda");
+  }
+  if (op == ReduceOp::Avg && !at::isFloatingType(tensor.scalar_type())) {
+    throw py::type_error("ringreduce: ReduceOp.AVG is not defined for integer tensors, as in torch.distributed; "
+                         "use SUM and divide, or a floating dtype");
+  }
   switch (tensor.scalar_type()) {
     case at::kFloat: return DType::Float32;
     case at::kDouble: return DType::Float64;
@@ -128,7 +140,8 @@ py::object all_reduce(Communicator& communicator, const at::Tensor& tensor, int 
 py::list ring_schedule_py(std::size_t numel, std::size_t elem_size, int world, int rank, std::size_t segment_bytes) {
   py::list out;
   for (const RingTransfer& t : ring_schedule(numel, elem_size, world, rank, segment_bytes)) {
-    out.append(py::make_tuple(t.send.offset, t.send.count, t.recv.offset, t.recv.count, t.reduce, t.last));
+    out.append(py::make_tuple(t.send.offset, t.send.count, t.recv.offset, t.recv.count, t.reduce, t.last, t.send_own,
+                              t.forward));
   }
   return out;
 }

@@ -48,7 +48,7 @@ void LocalTransport::withdraw_sends() {
   }
 }
 
-void LocalTransport::abort(const std::string& reason) {
+void LocalTransport::abort_transfers(const std::string& reason) {
   hub_->abort(reason);
   withdraw_sends();
 }
@@ -80,7 +80,7 @@ Request LocalTransport::irecv_reduce(int peer, void* data, std::size_t bytes, co
   return add(Pending{false, peer, recv_sequence_[peer]++, data, bytes, &reducer, last});
 }
 
-void LocalTransport::wait(Request request) {
+void LocalTransport::complete(Request request) {
   auto it = pending_.find(request.id);
   RR_CHECK(it != pending_.end(), "wait() on an unknown or finished request ", request.id);
   const Pending pending = it->second;

@@ -86,8 +86,10 @@ class LocalTransport final : public Transport {
   Request isend(int peer, const void* data, std::size_t bytes) override;
   Request irecv(int peer, void* data, std::size_t bytes) override;
   Request irecv_reduce(int peer, void* data, std::size_t bytes, const Reducer& reducer, bool last) override;
-  void wait(Request request) override;
-  void abort(const std::string& reason) override;
+
+ protected:
+  void complete(Request request) override;
+  void abort_transfers(const std::string& reason) override;
 
  private:
   struct Pending {

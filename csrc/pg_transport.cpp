@@ -43,7 +43,7 @@ void ProcessGroupTransport::wait_transfer(Request request) {
   }
 }
 
-void ProcessGroupTransport::abort(const std::string& /*reason*/) {
+void ProcessGroupTransport::abort_transfers(const std::string& /*reason*/) {
   for (auto& entry : pending_) entry.second.work->abort();
   pending_.clear();
 }

@@ -28,9 +28,8 @@ class ProcessGroupTransport final : public MessageTransport {
 
   Request isend(int peer, const void* data, std::size_t bytes) override;
   Request irecv(int peer, void* data, std::size_t bytes) override;
-  void abort(const std::string& reason) override;
-
  protected:
+  void abort_transfers(const std::string& reason) override;
   void wait_transfer(Request request) override;
 
  private:

@@ -20,22 +20,31 @@ void ring_all_reduce(Transport& transport, const Reducer& reducer, void* data, s
   auto post_recv = [&](std::size_t k) {
     const RingTransfer& t = transfers[k];
     if (t.recv.count == 0) return;
-    recvs[k] = t.reduce ? transport.irecv_reduce(prev, address(t.recv), t.recv.count * elem, reducer, t.last)
-                        : transport.irecv(prev, address(t.recv), t.recv.count * elem);
+    char* at = address(t.recv);
+    const std::size_t bytes = t.recv.count * elem;
+    if (t.forward) {
+      recvs[k] = transport.irecv_forward(prev, next, at, bytes, t.reduce ? &reducer : nullptr, t.last);
+    } else {
+      recvs[k] = t.reduce ? transport.irecv_reduce(prev, at, bytes, reducer, t.last) : transport.irecv(prev, at, bytes);
+    }
   };
 
-  RequestWindow sends(transport, kSendsInFlight);
+  // Step 0: push this rank's own chunk to the next rank, all of it before any forward, so the next
+  // rank receives the spans in schedule order. Every later send is a forward of a receive.
+  std::vector<Request> own_sends;
+  for (const RingTransfer& t : transfers) {
+    if (t.send_own && t.send.count > 0) own_sends.push_back(transport.isend(next, address(t.send), t.send.count * elem));
+  }
   for (std::size_t k = 0; k < std::min(kRecvsAhead, transfers.size()); ++k) post_recv(k);
   for (std::size_t k = 0; k < transfers.size(); ++k) {
-    const RingTransfer& t = transfers[k];
-    // Push this step's span to the next rank: own data first, then what the previous step produced.
-    if (t.send.count > 0) sends.push(transport.isend(next, address(t.send), t.send.count * elem));
-    // Take the previous rank's span: reduced in during reduce-scatter, kept as is during all-gather.
+    // Take the previous rank's span: reduce it in (reduce-scatter) or keep it (all-gather), and pass
+    // the result on to the next rank unless this is the last step.
     if (recvs[k].valid()) transport.wait(recvs[k]);
     // Keep the pipeline full.
     if (k + kRecvsAhead < transfers.size()) post_recv(k + kRecvsAhead);
   }
-  sends.drain();
+  for (Request send : own_sends) transport.wait(send);
+  transport.flush();
 }
 
 }  // namespace ringreduce

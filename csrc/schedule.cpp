@@ -47,7 +47,7 @@ std::vector<RingTransfer> ring_schedule(std::size_t numel, std::size_t elem_size
   for (int step = 0; step < world - 1; ++step) {
     for (std::size_t seg = 0; seg < layout.segments_per_chunk; ++seg) {
       transfers.push_back({layout.segment(wrap(rank - step, world), seg),
-                           layout.segment(wrap(rank - step - 1, world), seg), true, step == world - 2});
+                           layout.segment(wrap(rank - step - 1, world), seg), true, step == world - 2, step == 0, true});
     }
   }
   // All-gather, step s: pass on chunk r+1-s (the owned result at s = 0, a copy after), receive the
@@ -55,7 +55,7 @@ std::vector<RingTransfer> ring_schedule(std::size_t numel, std::size_t elem_size
   for (int step = 0; step < world - 1; ++step) {
     for (std::size_t seg = 0; seg < layout.segments_per_chunk; ++seg) {
       transfers.push_back({layout.segment(wrap(rank + 1 - step, world), seg),
-                           layout.segment(wrap(rank - step, world), seg), false, false});
+                           layout.segment(wrap(rank - step, world), seg), false, false, false, step < world - 2});
     }
   }
   return transfers;

@@ -52,11 +52,14 @@ struct alignas(64) Header {
 };
 
 // The sender's side of a channel, in the sender's segment.
+// What the sender writes shares one cache line, so a receiver learns of a piece and its size in
+// one transfer; what the receiver writes has a line of its own.
 struct alignas(64) Channel {
-  alignas(64) std::atomic<std::uint64_t> posted;    // pieces written so far (by the sender)
-  alignas(64) std::atomic<std::uint64_t> consumed;  // pieces read so far (by the receiver)
-  alignas(64) std::uint64_t piece_bytes[kShmSlots]; // size of the piece in each slot
+  alignas(64) std::atomic<std::uint64_t> posted;     // pieces written so far (by the sender)
+  std::uint64_t piece_bytes[kShmSlots];              // size of the piece in each slot
+  alignas(64) std::atomic<std::uint64_t> consumed;   // pieces read so far (by the receiver)
 };
+static_assert(sizeof(std::uint64_t) * (1 + kShmSlots) <= 64, "the sender's fields must fit one cache line");
 
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 std::size_t channels_offset() { return round_up(sizeof(Header), kPageBytes); }
@@ -223,18 +226,24 @@ Request ShmTransport::isend(int peer, const void* data, std::size_t bytes) {
   return make_request(sequence, peer, true);
 }
 
-Request ShmTransport::post_recv(int peer, void* data, std::size_t bytes, const Reducer* reducer, bool last) {
+Request ShmTransport::post_recv(int peer, void* data, std::size_t bytes, const Reducer* reducer, bool last,
+                                int forward_to) {
   const std::uint64_t sequence = next_sequence_++;
-  recvs_[peer].push_back(RecvOp{sequence, static_cast<char*>(data), bytes, reducer, last});
+  recvs_[peer].push_back(RecvOp{sequence, static_cast<char*>(data), bytes, reducer, last, forward_to});
   return make_request(sequence, peer, false);
 }
 
 Request ShmTransport::irecv(int peer, void* data, std::size_t bytes) {
-  return post_recv(peer, data, bytes, nullptr, false);
+  return post_recv(peer, data, bytes, nullptr, false, -1);
 }
 
 Request ShmTransport::irecv_reduce(int peer, void* data, std::size_t bytes, const Reducer& reducer, bool last) {
-  return post_recv(peer, data, bytes, &reducer, last);
+  return post_recv(peer, data, bytes, &reducer, last, -1);
+}
+
+Request ShmTransport::irecv_forward(int prev, int next, void* data, std::size_t bytes, const Reducer* reducer,
+                                    bool last) {
+  return post_recv(prev, data, bytes, reducer, last, next);
 }
 
 void ShmTransport::ring(int peer) {
@@ -281,13 +290,7 @@ bool ShmTransport::pull_recvs(int peer, std::uint64_t through_sequence) {
         fail(detail::concat("rank ", rank_, " expected a piece of ", expected, " bytes from rank ", peer, " but got ",
                             piece, ": the ranks are not running the same collective"));
       }
-      const char* source = theirs.slot(world_, rank_, consumed);
-      if (op.reducer != nullptr) {
-        // Fusion: reduce straight out of the sender's slot, no copy into our memory first.
-        op.reducer->reduce(op.data + op.done, source, piece / op.reducer->element_size(), op.last);
-      } else {
-        std::memcpy(op.data + op.done, source, piece);
-      }
+      take_piece(op, theirs.slot(world_, rank_, consumed), piece);
       channel->consumed.store(consumed + 1, std::memory_order_release);
       ring(peer);
       op.done += piece;
@@ -298,6 +301,37 @@ bool ShmTransport::pull_recvs(int peer, std::uint64_t through_sequence) {
   return progressed;
 }
 
+void ShmTransport::take_piece(RecvOp& op, const char* source, std::size_t piece) {
+  char* dst = op.data + op.done;
+  const std::size_t count = op.reducer != nullptr ? piece / op.reducer->element_size() : 0;
+  if (op.forward_to >= 0 && sends_[op.forward_to].empty()) {
+    Channel* out = segments_[rank_]->channel(op.forward_to);
+    const std::uint64_t posted = out->posted.load(std::memory_order_relaxed);
+    if (posted - out->consumed.load(std::memory_order_acquire) < kShmSlots) {
+      // Fusion: the result goes to our buffer and to the next rank's slot in the same pass.
+      char* slot = segments_[rank_]->slot(world_, op.forward_to, posted);
+      if (op.reducer != nullptr) {
+        op.reducer->reduce_copy(dst, source, slot, count, op.last);
+      } else {
+        std::memcpy(slot, source, piece);
+        std::memcpy(dst, slot, piece);
+      }
+      out->piece_bytes[posted % kShmSlots] = piece;
+      out->posted.store(posted + 1, std::memory_order_release);
+      ring(op.forward_to);
+      return;
+    }
+  }
+  // Fusion: reduce straight out of the sender's slot, no copy into our memory first.
+  if (op.reducer != nullptr) {
+    op.reducer->reduce(dst, source, count, op.last);
+  } else {
+    std::memcpy(dst, source, piece);
+  }
+  // The outgoing slots are full: pass the result on as an ordinary send, which never blocks here.
+  if (op.forward_to >= 0) sends_[op.forward_to].push_back(SendOp{next_sequence_++, dst, piece});
+}
+
 bool ShmTransport::is_done(Request request) const {
   const auto& matches = [&](const auto& queue) {
     return queue.empty() || queue.front().sequence > request_sequence(request);
@@ -306,27 +340,53 @@ bool ShmTransport::is_done(Request request) const {
   return request_is_send(request) ? matches(sends_[peer]) : matches(recvs_[peer]);
 }
 
-void ShmTransport::wait(Request request) {
+bool ShmTransport::push_all_sends() {
+  bool progressed = false;
+  for (int peer = 0; peer < world_; ++peer) {
+    if (!sends_[peer].empty()) progressed |= push_sends(peer);
+  }
+  return progressed;
+}
+
+void ShmTransport::complete(Request request) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  const bool is_send = request_is_send(request);
+  const int peer = request_peer(request);
+  Header* own = segments_[rank_]->header();
+  for (;;) {
+    const std::uint32_t doorbell = own->doorbell.load(std::memory_order_acquire);
+    // Keep every peer fed while we wait, so nobody waits on us.
+    bool progressed = push_all_sends();
+    if (!is_send) progressed |= pull_recvs(peer, request_sequence(request));
+    if (is_done(request)) return;
+    // While spinning, watch the counter that will change first: the peer's posted count for a
+    // receive (one cache-line transfer sooner than the doorbell), our consumed count for a send.
+    const Channel* channel = is_send ? segments_[rank_]->channel(peer) : segments_[peer]->channel(rank_);
+    const std::atomic<std::uint64_t>* watch = is_send ? &channel->consumed : &channel->posted;
+    if (!progressed) idle(doorbell, watch, watch->load(std::memory_order_relaxed), deadline, is_send ? "send to" : "receive from", peer);
+  }
+}
+
+void ShmTransport::flush() {
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
   Header* own = segments_[rank_]->header();
   for (;;) {
     const std::uint32_t doorbell = own->doorbell.load(std::memory_order_acquire);
-    bool progressed = false;
-    // Keep every peer fed while we wait, so nobody waits on us.
-    for (int peer = 0; peer < world_; ++peer) {
-      if (!sends_[peer].empty()) progressed |= push_sends(peer);
-    }
-    if (!request_is_send(request)) progressed |= pull_recvs(request_peer(request), request_sequence(request));
-    if (is_done(request)) return;
-    if (!progressed) idle(doorbell, deadline, request);
+    const bool progressed = push_all_sends();
+    const auto pending = std::find_if(sends_.begin(), sends_.end(), [](const auto& queue) { return !queue.empty(); });
+    if (pending == sends_.end()) return;
+    const int peer = static_cast<int>(pending - sends_.begin());
+    const std::atomic<std::uint64_t>* watch = &segments_[rank_]->channel(peer)->consumed;
+    if (!progressed) idle(doorbell, watch, watch->load(std::memory_order_relaxed), deadline, "send to", peer);
   }
 }
 
-void ShmTransport::idle(std::uint32_t doorbell_seen, std::chrono::steady_clock::time_point deadline,
-                        Request request) {
+void ShmTransport::idle(std::uint32_t doorbell_seen, const std::atomic<std::uint64_t>* watch, std::uint64_t watch_seen,
+                        std::chrono::steady_clock::time_point deadline, const char* doing, int peer) {
   Header* own = segments_[rank_]->header();
   const auto spin_until = std::chrono::steady_clock::now() + spin_;
   while (std::chrono::steady_clock::now() < spin_until) {
+    if (watch->load(std::memory_order_acquire) != watch_seen) return;
     if (own->doorbell.load(std::memory_order_acquire) != doorbell_seen) return;
     cpu_relax();
   }
@@ -339,7 +399,6 @@ void ShmTransport::idle(std::uint32_t doorbell_seen, std::chrono::steady_clock::
   own->sleeping.store(0, std::memory_order_relaxed);
   if (own->doorbell.load(std::memory_order_acquire) != doorbell_seen) return;
 
-  const int peer = request_peer(request);
   for (int other = 0; other < world_; ++other) {
     if (other == rank_) continue;
     const Header* theirs = segments_[other]->header();
@@ -349,19 +408,19 @@ void ShmTransport::idle(std::uint32_t doorbell_seen, std::chrono::steady_clock::
     }
     if (theirs->pid_namespace == own->pid_namespace && process_gone(theirs->pid)) {
       fail(detail::concat("rank ", other, " (pid ", theirs->pid, ") exited while rank ", rank_, " was waiting to ",
-                          request_is_send(request) ? "send to" : "receive from", " rank ", peer));
+                          doing, " rank ", peer));
     }
   }
   if (std::chrono::steady_clock::now() >= deadline) {
-    throw TimeoutError(detail::concat("ringreduce: shm rank ", rank_, " waited ", timeout_.count(), " ms to ",
-                                      request_is_send(request) ? "send to" : "receive from", " rank ", peer,
+    throw TimeoutError(detail::concat("ringreduce: shm rank ", rank_, " waited ", timeout_.count(), " ms to ", doing,
+                                      " rank ", peer,
                                       "; is every rank running the same collectives? (RINGREDUCE_TIMEOUT sets the limit)"));
   }
 }
 
 void ShmTransport::fail(const std::string& what) { throw std::runtime_error("ringreduce: shm: " + what); }
 
-void ShmTransport::abort(const std::string& reason) {
+void ShmTransport::abort_transfers(const std::string& reason) {
   Header* own = segments_[rank_]->header();
   if (own->aborted.load(std::memory_order_relaxed) == 0) {
     std::strncpy(own->abort_reason, reason.c_str(), kAbortReasonBytes - 1);

@@ -8,6 +8,7 @@
 // futex in its own segment that peers ring, with a timeout and a check that peers are alive.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -44,10 +45,14 @@ class ShmTransport final : public Transport {
   Request isend(int peer, const void* data, std::size_t bytes) override;
   Request irecv(int peer, void* data, std::size_t bytes) override;
   Request irecv_reduce(int peer, void* data, std::size_t bytes, const Reducer& reducer, bool last) override;
-  void wait(Request request) override;
-  void abort(const std::string& reason) override;
+  Request irecv_forward(int prev, int next, void* data, std::size_t bytes, const Reducer* reducer, bool last) override;
+  void flush() override;
 
   struct Segment;  // a mapped shared-memory segment (shm_transport.cpp)
+
+ protected:
+  void complete(Request request) override;
+  void abort_transfers(const std::string& reason) override;
 
  private:
   struct SendOp {
@@ -62,14 +67,20 @@ class ShmTransport final : public Transport {
     std::size_t bytes;
     const Reducer* reducer;
     bool last;
+    int forward_to;  // -1, or the rank the result is passed on to
     std::size_t done = 0;
   };
 
-  Request post_recv(int peer, void* data, std::size_t bytes, const Reducer* reducer, bool last);
+  Request post_recv(int peer, void* data, std::size_t bytes, const Reducer* reducer, bool last, int forward_to);
   bool push_sends(int peer);
   bool pull_recvs(int peer, std::uint64_t through_sequence);
+  void take_piece(RecvOp& op, const char* source, std::size_t piece);
   bool is_done(Request request) const;
-  void idle(std::uint32_t doorbell_seen, std::chrono::steady_clock::time_point deadline, Request request);
+  // Spin until `watch` or the doorbell moves, then sleep until a peer rings; raises if a peer died
+  // or aborted, or at the deadline.
+  void idle(std::uint32_t doorbell_seen, const std::atomic<std::uint64_t>* watch, std::uint64_t watch_seen,
+            std::chrono::steady_clock::time_point deadline, const char* doing, int peer);
+  bool push_all_sends();
   void ring(int peer);
   [[noreturn]] void fail(const std::string& what);
 

@@ -35,7 +35,35 @@ Request MessageTransport::irecv_reduce(int peer, void* data, std::size_t bytes, 
   return request;
 }
 
-void MessageTransport::wait(Request request) {
+Request Transport::irecv_forward(int prev, int next, void* data, std::size_t bytes, const Reducer* reducer,
+                                 bool last) {
+  const Request request = reducer != nullptr ? irecv_reduce(prev, data, bytes, *reducer, last) : irecv(prev, data, bytes);
+  forwards_.emplace(request.id, Forward{next, data, bytes});
+  return request;
+}
+
+void Transport::wait(Request request) {
+  complete(request);
+  auto it = forwards_.find(request.id);
+  if (it == forwards_.end()) return;
+  const Forward forward = it->second;
+  forwards_.erase(it);
+  forwarded_sends_.push_back(isend(forward.next, forward.data, forward.bytes));
+}
+
+void Transport::flush() {
+  std::vector<Request> sends;
+  sends.swap(forwarded_sends_);
+  for (Request send : sends) complete(send);
+}
+
+void Transport::abort(const std::string& reason) {
+  forwards_.clear();
+  forwarded_sends_.clear();
+  abort_transfers(reason);
+}
+
+void MessageTransport::complete(Request request) {
   wait_transfer(request);
   auto it = pending_reduces_.find(request.id);
   if (it == pending_reduces_.end()) return;

@@ -46,12 +46,36 @@ class Transport {
   // happen in the order the algorithm waits for them, which makes the result deterministic.
   virtual Request irecv_reduce(int peer, void* data, std::size_t bytes, const Reducer& reducer, bool last) = 0;
 
+  // irecv (reducer null) or irecv_reduce, whose result is then sent on to `next` as if by
+  // isend(next, data, bytes) once wait() returns. A transport with a shared address space fuses the
+  // two and writes the outgoing copy in the same pass as the reduction. The forwarded sends
+  // complete by flush().
+  virtual Request irecv_forward(int prev, int next, void* data, std::size_t bytes, const Reducer* reducer, bool last);
+
   // Block (or, on a device, order the stream) until the request is complete.
-  virtual void wait(Request request) = 0;
+  void wait(Request request);
+
+  // Wait for every send that irecv_forward() started.
+  virtual void flush();
 
   // After a failure: make the peers fail fast instead of waiting out their timeout, and stop
   // touching the caller's buffers. The transport is unusable afterwards.
-  virtual void abort(const std::string& reason) = 0;
+  void abort(const std::string& reason);
+
+ protected:
+  // Complete one request of this transport (wait() adds the forwarding).
+  virtual void complete(Request request) = 0;
+  // The transport's part of abort().
+  virtual void abort_transfers(const std::string& reason) = 0;
+
+ private:
+  struct Forward {
+    int next;
+    const void* data;
+    std::size_t bytes;
+  };
+  std::unordered_map<std::int64_t, Forward> forwards_;  // receives whose result goes on, by request id
+  std::vector<Request> forwarded_sends_;
 };
 
 // Base for transports that move opaque messages (torch ProcessGroup, NCCL): a receive-reduce is a
@@ -59,9 +83,9 @@ class Transport {
 class MessageTransport : public Transport {
  public:
   Request irecv_reduce(int peer, void* data, std::size_t bytes, const Reducer& reducer, bool last) final;
-  void wait(Request request) final;
 
  protected:
+  void complete(Request request) final;
   // Complete a plain send or receive.
   virtual void wait_transfer(Request request) = 0;
   // Memory the transport can receive into; the default is host memory.
@@ -87,7 +111,6 @@ class MessageTransport : public Transport {
 class RequestWindow {
  public:
   RequestWindow(Transport& transport, std::size_t capacity) : transport_(transport), capacity_(capacity) {}
-  ~RequestWindow() = default;
 
   void push(Request request);
   void drain();

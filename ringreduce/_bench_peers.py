@@ -9,7 +9,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
 # MPI has no standard 16-bit float types, so those rows are skipped.
 MPI_TYPES = {"float32": "float32", "float64": "float64", "int8": "int8", "uint8": "uint8", "int32": "int32",
@@ -35,7 +34,7 @@ def mpi_rows(args, sizes):
         if os.geteuid() == 0:
             command.append("--allow-run-as-root")
         command += [sys.executable, "-m", "ringreduce._bench_peers", out, ",".join(map(str, sizes)), args.dtype,
-                    args.op, str(args.iters), str(args.warmup), str(args.check)]
+                    args.op, str(args.iters), str(args.warmup), str(args.trials), str(args.check)]
         try:
             subprocess.run(command, check=True, timeout=MPI_RUN_TIMEOUT_S, stdout=subprocess.DEVNULL)
         except (subprocess.SubprocessError, OSError) as error:
@@ -45,7 +44,7 @@ def mpi_rows(args, sizes):
             return json.load(f)
 
 
-def _mpi_main(out, sizes, dtype_name, op_name, iters, warmup, check):
+def _mpi_main(out, sizes, dtype_name, op_name, iters, warmup, trials, check):
     """Body of each mpirun rank."""
     import numpy as np
     import torch
@@ -60,27 +59,18 @@ def _mpi_main(out, sizes, dtype_name, op_name, iters, warmup, check):
     if mpi_op is None:  # MPI has no AVG
         mpi_op = MPI.SUM
     dtype = np.dtype(MPI_TYPES[dtype_name])
+    args = bench.parse_args(["--iters", str(iters), "--warmup", str(warmup), "--trials", str(trials)])
     records = []
     for size in sizes:
         numel = max(1, size // dtype.itemsize)
         buffer = np.zeros(numel, dtype=dtype)
 
-        def call(buf):
+        def call(buf=buffer):
             comm.Allreduce(MPI.IN_PLACE, buf, op=mpi_op)
 
-        for _ in range(warmup):
-            call(buffer)
-        comm.Barrier()
-        start = time.perf_counter()
-        call(buffer)
-        one = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
-        n = iters if iters > 0 else max(bench.MIN_ITERS, min(bench.MAX_ITERS, int(bench.TARGET_SECONDS_PER_ROW / max(one, 1e-7))))
-        n = comm.bcast(n, root=0)
-        comm.Barrier()
-        start = time.perf_counter()
-        for _ in range(n):
-            call(buffer)
-        seconds = comm.allreduce((time.perf_counter() - start) / n, op=MPI.MAX)
+        (seconds,) = bench.timed_trials(
+            [call], args, comm.Barrier, lambda t: comm.allreduce(t, op=MPI.MAX), lambda n: comm.bcast(n, root=0)
+        )
         wrong = -1
         if check and op_name != "avg":
             torch_dtype = bench.DTYPES[dtype_name]
@@ -95,5 +85,6 @@ def _mpi_main(out, sizes, dtype_name, op_name, iters, warmup, check):
 
 
 if __name__ == "__main__":
-    out, sizes, dtype_name, op_name, iters, warmup, check = sys.argv[1:8]
-    _mpi_main(out, [int(s) for s in sizes.split(",")], dtype_name, op_name, int(iters), int(warmup), int(check))
+    out, sizes, dtype_name, op_name, iters, warmup, trials, check = sys.argv[1:9]
+    _mpi_main(out, [int(s) for s in sizes.split(",")], dtype_name, op_name, int(iters), int(warmup), int(trials),
+              int(check))

@@ -25,14 +25,15 @@ _INTEGER_DTYPES = (torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool
 _SUPPORTED_NAMES = "float32, float64, float16, bfloat16, int8, uint8, int32, int64 (bool for MIN/MAX/PRODUCT)"
 
 
+# The RedOpType members are singletons: looking them up by identity skips their slow __hash__.
+_OP_CODES_BY_ID = {id(op): code for op, code in OP_CODES.items()}
+
+
 def op_code(op) -> int:
     """The engine code of a torch.distributed.ReduceOp."""
-    try:
-        code = OP_CODES.get(op)  # a ReduceOp.RedOpType, the common case
-        if code is None:
-            code = OP_CODES.get(getattr(op, "op", None))  # a ReduceOp instance wraps one
-    except TypeError:  # unhashable
-        code = None
+    code = _OP_CODES_BY_ID.get(id(op))  # a ReduceOp.RedOpType, the common case
+    if code is None:
+        code = _OP_CODES_BY_ID.get(id(getattr(op, "op", None)))  # a ReduceOp instance wraps one
     if code is None:
         raise ValueError(
             f"ringreduce supports ReduceOp SUM, AVG, MIN, MAX and PRODUCT, got {op!r}; "
@@ -54,9 +55,12 @@ _SUM, _AVG = OP_CODES[_RED_OP.SUM], OP_CODES[_RED_OP.AVG]
 
 
 def check_tensor(tensor, op_code_: int) -> None:
-    """Raise TypeError for a tensor ringreduce cannot reduce with this op. Cheap on the common path."""
+    """Raise TypeError for a tensor whose type or dtype ringreduce cannot reduce with this op.
+
+    Cheap on the common path. The engine refuses sparse and meta tensors itself (bindings.cpp).
+    """
     is_integer = _DTYPE_IS_INTEGER.get(getattr(tensor, "dtype", None))
-    if is_integer is None or tensor.layout != torch.strided or tensor.is_meta:
+    if is_integer is None:
         _explain_unsupported(tensor)
     if is_integer and op_code_ in (_SUM, _AVG):
         if tensor.dtype == torch.bool:
@@ -71,10 +75,6 @@ def check_tensor(tensor, op_code_: int) -> None:
 def _explain_unsupported(tensor):
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"ringreduce.all_reduce expects a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.layout != torch.strided:
-        raise TypeError(f"ringreduce cannot reduce {tensor.layout} tensors; call .to_dense() first")
-    if tensor.is_meta:
-        raise TypeError("ringreduce cannot reduce a meta tensor: it has no data; allocate it on cpu or cuda")
     if tensor.is_complex():
         raise TypeError(
             f"ringreduce cannot reduce complex tensors ({tensor.dtype}); "

@@ -14,6 +14,7 @@ from ringreduce import _C, _debug
 TRANSPORT_DEVICES = {"local": ("cpu",), "pg": ("cpu",), "shm": ("cpu",)}
 
 _lock = threading.Lock()
+_world = dist.distributed_c10d._world
 _states = {}  # torch group -> _GroupState
 
 
@@ -113,12 +114,11 @@ _logged = set()
 def communicator(group, tensor, transport, algorithm):
     """The communicator for this call, created (collectively) on first use."""
     if group is None:
-        group = dist.group.WORLD  # None before init_process_group: _resolve says what to do
+        group = _world.default_pg  # None before init_process_group: _resolve says what to do
     key = (group, transport, tensor.is_cuda)  # is_cuda is cheaper than device.type
     comm = _resolved.get(key)
     if comm is None:
-        comm = _resolve(group, tensor.device.type, transport)
-        _resolved[key] = comm
+        comm = _resolved[key] = _resolve(group, tensor.device.type, transport)
     if (comm, algorithm) not in _logged:
         _logged.add((comm, algorithm))
         _debug.info_once((id(comm), algorithm), f"rank {comm.rank}/{comm.size}: algorithm {algorithm}, "

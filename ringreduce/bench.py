@@ -38,11 +38,13 @@ DTYPES = {
     "int64": torch.int64,
 }
 DEFAULT_SIZES = "4K,64K,1M,16M,64M"
-# With --iters 0 each (row, size) is timed for about this long, within these iteration bounds:
-# long enough to average out the scheduler on a shared 2-core machine, short enough that the
-# default sweep stays under a minute.
-TARGET_SECONDS_PER_ROW = 0.4
-MIN_ITERS, MAX_ITERS = 5, 2000
+# With --iters 0 each (row, size) is timed for about this long in all, within these bounds on the
+# calls per trial: long enough to average out the scheduler on a shared 2-core machine, short
+# enough that the default sweep stays under two minutes.
+TARGET_SECONDS_PER_ROW = 0.5
+MIN_ITERS, MAX_ITERS = 3, 2000
+# Trials per row; the table reports the median trial.
+DEFAULT_TRIALS = 5
 
 
 def parse_size(text: str) -> int:
@@ -78,6 +80,7 @@ def parse_args(argv=None):
     parser.add_argument("--op", choices=sorted(OPS), default="sum")
     parser.add_argument("--iters", type=int, default=0, help="timed calls per row (0: about 0.4 s per row)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls before timing")
+    parser.add_argument("--trials", type=int, default=DEFAULT_TRIALS, help="timed trials per row (median reported)")
     parser.add_argument("--check", type=int, choices=(0, 1), default=1, help="run the untimed correctness pass")
     parser.add_argument("--algorithms", default="ring,central")
     parser.add_argument("--transports", default=None, help="CPU transports to time (default: all in this build)")
@@ -129,28 +132,44 @@ def _slowest(seconds: float) -> float:
     return value.item()
 
 
-def _agree_iters(args, one_call_seconds: float) -> int:
-    """Rank 0 picks the iteration count so that every rank runs the same number."""
+def _agree(iters: int) -> int:
+    """Rank 0's choice, so that every rank runs the same number of calls."""
+    value = torch.tensor([iters], dtype=torch.int64)
+    dist.broadcast(value, src=0)
+    return int(value.item())
+
+
+def iterations_for(one_call_seconds: float, args) -> int:
+    """Calls per trial: --iters, or enough to fill the row's time budget split over the trials."""
     if args.iters > 0:
         return args.iters
-    iters = torch.tensor([int(TARGET_SECONDS_PER_ROW / max(one_call_seconds, 1e-7))], dtype=torch.int64)
-    dist.broadcast(iters, src=0)
-    return max(MIN_ITERS, min(MAX_ITERS, int(iters.item())))
+    budget = TARGET_SECONDS_PER_ROW / args.trials
+    return max(MIN_ITERS, min(MAX_ITERS, int(budget / max(one_call_seconds, 1e-7))))
 
 
-def time_row(call, tensor, args) -> float:
-    """Mean seconds per call, the slowest rank's."""
-    for _ in range(args.warmup):
-        call(tensor)
-    dist.barrier()
-    start = time.perf_counter()
-    call(tensor)
-    iters = _agree_iters(args, _slowest(time.perf_counter() - start))
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(iters):
-        call(tensor)
-    return _slowest((time.perf_counter() - start) / iters)
+def timed_trials(calls, args, barrier, slowest, agree) -> list:
+    """Median seconds per call of each of `calls`, over args.trials trials run round-robin.
+
+    Interleaving the rows trial by trial means a burst of load from elsewhere on the machine hits
+    every row alike instead of one row, so the ratios between rows hold up; the median drops bursts.
+    """
+    iters = []
+    for call in calls:
+        for _ in range(args.warmup):
+            call()
+        barrier()
+        start = time.perf_counter()
+        call()
+        iters.append(agree(iterations_for(slowest(time.perf_counter() - start), args)))
+    samples = [[] for _ in calls]
+    for _ in range(args.trials):
+        for call, n, row in zip(calls, iters, samples):
+            barrier()
+            start = time.perf_counter()
+            for _ in range(n):
+                call()
+            row.append(slowest((time.perf_counter() - start) / n))
+    return [sorted(row)[len(row) // 2] for row in samples]
 
 
 def count_wrong(call, rank, world, numel, dtype, op) -> int:
@@ -183,16 +202,17 @@ def run_sweep(args, rank, world):
     if not args.no_torch:
         rows.append((("torch.distributed", "-", dist.get_backend()), lambda t, op: dist.all_reduce(t, op)))
     sizes = size_sweep(args)
-    progress = report.Progress(len(sizes) * len(rows), enabled=args.progress and rank == 0)
+    progress = report.Progress(len(sizes), enabled=args.progress and rank == 0)
     records = []
     for size in sizes:
+        progress.step(f"{report.human_bytes(size)}: {len(rows)} rows x {args.trials} trials")
         numel = max(1, size // torch.empty((), dtype=dtype).element_size())
-        for (impl, algorithm, transport), fn in rows:
-            progress.step(f"{impl} {algorithm} {transport} {report.human_bytes(size)}")
-            call = lambda t, fn=fn: fn(t, op)  # noqa: E731
-            seconds = time_row(call, torch.zeros(numel, dtype=dtype), args)
-            wrong = count_wrong(call, rank, world, numel, dtype, op) if args.check else -1
-            records.append(report.record(impl, algorithm, transport, world, args.dtype, args.op, size, seconds, wrong))
+        tensors = [torch.zeros(numel, dtype=dtype) for _ in rows]
+        calls = [lambda fn=fn, t=t: fn(t, op) for (_, fn), t in zip(rows, tensors)]
+        seconds = timed_trials(calls, args, dist.barrier, _slowest, _agree)
+        for ((impl, algorithm, transport), fn), row_seconds in zip(rows, seconds):
+            wrong = count_wrong(lambda t, fn=fn: fn(t, op), rank, world, numel, dtype, op) if args.check else -1
+            records.append(report.record(impl, algorithm, transport, world, args.dtype, args.op, size, row_seconds, wrong))
     progress.done()
     return records
 

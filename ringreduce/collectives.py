@@ -4,7 +4,9 @@ import atexit
 
 import torch.distributed as dist
 
-from ringreduce import _checks, _groups
+from ringreduce import _groups
+from ringreduce._checks import algorithm_code, check_segment_bytes, check_tensor, op_code
+from ringreduce._groups import communicator
 
 
 def all_reduce(
@@ -37,12 +39,10 @@ def all_reduce(
     Returns:
         None, or the work handle when ``async_op`` is true; its future's value is ``[tensor]``.
     """
-    code = _checks.op_code(op)
-    _checks.check_tensor(tensor, code)
-    algorithm_code = _checks.algorithm_code(algorithm)
-    segment = _checks.check_segment_bytes(segment_bytes)
-    comm = _groups.communicator(group, tensor, transport, algorithm)
-    work = comm.all_reduce(tensor, code, algorithm_code, segment, root, async_op)
+    code = op_code(op)
+    check_tensor(tensor, code)
+    comm = communicator(group, tensor, transport, algorithm)
+    work = comm.all_reduce(tensor, code, algorithm_code(algorithm), check_segment_bytes(segment_bytes), root, async_op)
     return work if async_op else None
 
 

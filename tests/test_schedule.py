@@ -25,7 +25,7 @@ def simulate_ring(numel, elem_size, world, segment_bytes):
             outgoing.append(holds[rank][send_off : send_off + send_cnt].copy())
         for rank in range(world):
             prev = (rank - 1) % world
-            _, prev_send_cnt, recv_off, recv_cnt, reduce, _ = schedules[rank][k]
+            _, _, recv_off, recv_cnt, reduce, *_ = schedules[rank][k]
             prev_off, prev_cnt = schedules[prev][k][0], schedules[prev][k][1]
             assert (prev_off, prev_cnt) == (recv_off, recv_cnt), "a receive must match the peer's send"
             if reduce:
@@ -45,12 +45,29 @@ def test_ring_reduces_every_element_once_for_every_rank(world, numel, elem_size,
     # Each element takes exactly one `last` reduction (where AVG divides), across all ranks.
     lasts = np.zeros(numel, dtype=np.int64)
     for schedule in schedules:
-        for _, _, off, cnt, reduce, last in schedule:
+        for _, _, off, cnt, reduce, last, *_ in schedule:
             assert reduce or not last
             if last:
                 lasts[off : off + cnt] += 1
     if world > 1:
         assert (lasts == 1).all()
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 7])
+@pytest.mark.parametrize("numel,segment_bytes", [(1, 4), (10, 4), (1000, 36), (4096, 1 << 20)])
+def test_every_send_after_the_first_step_forwards_an_earlier_receive(world, numel, segment_bytes):
+    for rank in range(world):
+        schedule = _C.ring_schedule(numel, 4, world, rank, segment_bytes)
+        per_step = len(schedule) // (2 * (world - 1))
+        for k, (send_off, send_cnt, recv_off, recv_cnt, _, _, send_own, forward) in enumerate(schedule):
+            assert send_own == (k < per_step)
+            if not send_own:
+                earlier = schedule[k - per_step]
+                assert earlier[7] and (earlier[2], earlier[3]) == (send_off, send_cnt)
+            if forward:
+                assert k + per_step < len(schedule) and not schedule[k + per_step][6]
+            else:
+                assert k >= len(schedule) - per_step  # only the last all-gather step keeps what it gets
 
 
 def test_ring_moves_2_n_minus_1_over_n_of_the_buffer():
@@ -62,7 +79,7 @@ def test_ring_moves_2_n_minus_1_over_n_of_the_buffer():
 
 def test_segments_respect_the_size_and_start_aligned():
     schedule = _C.ring_schedule(100_000, 4, 3, 1, 1000)
-    for send_off, send_cnt, recv_off, recv_cnt, _, _ in schedule:
+    for send_off, send_cnt, recv_off, recv_cnt, *_ in schedule:
         assert send_cnt <= 240 and recv_cnt <= 240  # 1000 bytes rounded down to 64-byte multiples
         assert send_off % 16 == 0 and recv_off % 16 == 0
 
