@@ -29,16 +29,14 @@ void ring_all_reduce(Transport& transport, const Reducer& reducer, void* data, s
     }
   };
 
-  // Step 0: push this rank's own chunk to the next rank, all of it before any forward, so the next
-  // rank receives the spans in schedule order. Every later send is a forward of a receive.
   std::vector<Request> own_sends;
-  for (const RingTransfer& t : transfers) {
-    if (t.send_own && t.send.count > 0) own_sends.push_back(transport.isend(next, address(t.send), t.send.count * elem));
-  }
   for (std::size_t k = 0; k < std::min(kRecvsAhead, transfers.size()); ++k) post_recv(k);
   for (std::size_t k = 0; k < transfers.size(); ++k) {
+    const RingTransfer& t = transfers[k];
+    // A segment's step 0: push this rank's own data to the next rank. Every later send is a forward.
+    if (t.send_own && t.send.count > 0) own_sends.push_back(transport.isend(next, address(t.send), t.send.count * elem));
     // Take the previous rank's span: reduce it in (reduce-scatter) or keep it (all-gather), and pass
-    // the result on to the next rank unless this is the last step.
+    // the result on to the next rank unless this is the segment's last step.
     if (recvs[k].valid()) transport.wait(recvs[k]);
     // Keep the pipeline full.
     if (k + kRecvsAhead < transfers.size()) post_recv(k + kRecvsAhead);

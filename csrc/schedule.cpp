@@ -42,18 +42,20 @@ std::vector<RingTransfer> ring_schedule(std::size_t numel, std::size_t elem_size
   std::vector<RingTransfer> transfers;
   if (world == 1) return transfers;
   transfers.reserve(2 * (world - 1) * layout.segments_per_chunk);
-  // Reduce-scatter, step s: pass on chunk r-s (own data at s = 0, a partial sum after), receive chunk
-  // r-s-1 and reduce it. After world-1 steps rank r holds the full result of chunk r+1.
-  for (int step = 0; step < world - 1; ++step) {
-    for (std::size_t seg = 0; seg < layout.segments_per_chunk; ++seg) {
+  // Segment-major: each segment goes through every step before the next segment starts, so the
+  // span received at one position is sent on at the very next one and a transport can fuse the two.
+  // Segments overlap in flight through the transport's slots, as slices do in NCCL's ring.
+  for (std::size_t seg = 0; seg < layout.segments_per_chunk; ++seg) {
+    // Reduce-scatter, step s: pass on chunk r-s (own data at s = 0, a partial sum after), receive
+    // chunk r-s-1 and reduce it. After world-1 steps rank r holds the full result of chunk r+1.
+    for (int step = 0; step < world - 1; ++step) {
       transfers.push_back({layout.segment(wrap(rank - step, world), seg),
-                           layout.segment(wrap(rank - step - 1, world), seg), true, step == world - 2, step == 0, true});
+                           layout.segment(wrap(rank - step - 1, world), seg), true, step == world - 2, step == 0,
+                           true});
     }
-  }
-  // All-gather, step s: pass on chunk r+1-s (the owned result at s = 0, a copy after), receive the
-  // finished chunk r-s in place.
-  for (int step = 0; step < world - 1; ++step) {
-    for (std::size_t seg = 0; seg < layout.segments_per_chunk; ++seg) {
+    // All-gather, step s: pass on chunk r+1-s (the owned result at s = 0, a copy after), receive the
+    // finished chunk r-s in place.
+    for (int step = 0; step < world - 1; ++step) {
       transfers.push_back({layout.segment(wrap(rank + 1 - step, world), seg),
                            layout.segment(wrap(rank - step, world), seg), false, false, false, step < world - 2});
     }

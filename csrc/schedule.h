@@ -32,19 +32,19 @@ SegmentLayout segment_layout(std::size_t numel, std::size_t elem_size, int world
 
 // One pipelined ring transfer of rank r: send `send` to rank r+1, receive `recv` from rank r-1.
 // What rank r sends at position k is exactly what rank r+1 receives at position k, so both sides
-// skip the same empty spans. After the first step every send passes on a span received one step
-// (segments_per_chunk positions) earlier, which lets a transport fuse the receive and the send.
+// skip the same empty spans. Except at a segment's first step, every send passes on the span
+// received at the position just before, which lets a transport fuse the receive and the send.
 struct RingTransfer {
   Span send;
   Span recv;
   bool reduce = false;    // reduce-scatter: the received span is reduced into the buffer; all-gather: copied
   bool last = false;      // the final reduction of this span (AVG divides by the world size here)
   bool send_own = false;  // the send is this rank's own data (first step), not a received span passed on
-  bool forward = false;   // the received span is sent on to rank r+1 one step later
+  bool forward = false;   // the received span is sent on to rank r+1 at the next position
 };
 
-// The whole ring for one rank, in issue order: reduce-scatter steps then all-gather steps,
-// and within each step the segments of one chunk in order.
+// The whole ring for one rank, in issue order: segment by segment, and for each segment the
+// reduce-scatter steps then the all-gather steps.
 std::vector<RingTransfer> ring_schedule(std::size_t numel, std::size_t elem_size, int world, int rank,
                                         std::size_t segment_bytes);
 

@@ -52,14 +52,19 @@ struct alignas(64) Header {
 };
 
 // The sender's side of a channel, in the sender's segment.
-// What the sender writes shares one cache line, so a receiver learns of a piece and its size in
-// one transfer; what the receiver writes has a line of its own.
+// The counters of a channel, in the sender's segment; each on a cache line of its own, since the
+// two sides write them.
 struct alignas(64) Channel {
-  alignas(64) std::atomic<std::uint64_t> posted;     // pieces written so far (by the sender)
-  std::uint64_t piece_bytes[kShmSlots];              // size of the piece in each slot
-  alignas(64) std::atomic<std::uint64_t> consumed;   // pieces read so far (by the receiver)
+  alignas(64) std::atomic<std::uint64_t> posted;    // pieces written so far (by the sender)
+  alignas(64) std::atomic<std::uint64_t> consumed;  // pieces read so far (by the receiver)
 };
-static_assert(sizeof(std::uint64_t) * (1 + kShmSlots) <= 64, "the sender's fields must fit one cache line");
+
+// The line in front of each slot's data, written by the sender before it posts the piece.
+struct alignas(64) SlotHeader {
+  std::uint64_t bytes;  // size of the piece
+};
+static_assert(sizeof(SlotHeader) == kShmSlotHeaderBytes, "slot data must stay 64-byte aligned");
+
 
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 std::size_t channels_offset() { return round_up(sizeof(Header), kPageBytes); }
@@ -178,8 +183,11 @@ struct ShmTransport::Segment {
 
   Header* header() const { return reinterpret_cast<Header*>(base); }
   Channel* channel(int dst) const { return reinterpret_cast<Channel*>(base + channels_offset()) + dst; }
-  char* slot(int world, int dst, std::uint64_t piece) const {
-    return base + slots_offset(world) + dst * kShmChannelBytes + (piece % kShmSlots) * kShmSlotBytes;
+  // The header of the slot that holds piece number `piece` of the channel to `dst`; data follows it.
+  SlotHeader* slot(int world, int dst, std::uint64_t piece) const {
+    const std::size_t slot_stride = kShmSlotHeaderBytes + kShmSlotBytes;
+    return reinterpret_cast<SlotHeader*>(base + slots_offset(world) + dst * kShmChannelBytes +
+                                         (piece % kShmSlots) * slot_stride);
   }
 };
 
@@ -262,8 +270,9 @@ bool ShmTransport::push_sends(int peer) {
       const std::uint64_t posted = channel->posted.load(std::memory_order_relaxed);
       if (posted - channel->consumed.load(std::memory_order_acquire) >= kShmSlots) return progressed;
       const std::size_t piece = std::min(kShmSlotBytes, op.bytes - op.done);
-      std::memcpy(segments_[rank_]->slot(world_, peer, posted), op.data + op.done, piece);
-      channel->piece_bytes[posted % kShmSlots] = piece;
+      SlotHeader* slot = segments_[rank_]->slot(world_, peer, posted);
+      slot->bytes = piece;
+      std::memcpy(slot + 1, op.data + op.done, piece);
       channel->posted.store(posted + 1, std::memory_order_release);
       ring(peer);
       op.done += piece;
@@ -284,13 +293,14 @@ bool ShmTransport::pull_recvs(int peer, std::uint64_t through_sequence) {
     do {
       const std::uint64_t consumed = channel->consumed.load(std::memory_order_relaxed);
       if (channel->posted.load(std::memory_order_acquire) == consumed) return progressed;
-      const std::size_t piece = channel->piece_bytes[consumed % kShmSlots];
+      const SlotHeader* slot = theirs.slot(world_, rank_, consumed);
+      const std::size_t piece = slot->bytes;
       const std::size_t expected = std::min(kShmSlotBytes, op.bytes - op.done);
       if (piece != expected) {
         fail(detail::concat("rank ", rank_, " expected a piece of ", expected, " bytes from rank ", peer, " but got ",
                             piece, ": the ranks are not running the same collective"));
       }
-      take_piece(op, theirs.slot(world_, rank_, consumed), piece);
+      take_piece(op, reinterpret_cast<const char*>(slot + 1), piece);
       channel->consumed.store(consumed + 1, std::memory_order_release);
       ring(peer);
       op.done += piece;
@@ -309,14 +319,15 @@ void ShmTransport::take_piece(RecvOp& op, const char* source, std::size_t piece)
     const std::uint64_t posted = out->posted.load(std::memory_order_relaxed);
     if (posted - out->consumed.load(std::memory_order_acquire) < kShmSlots) {
       // Fusion: the result goes to our buffer and to the next rank's slot in the same pass.
-      char* slot = segments_[rank_]->slot(world_, op.forward_to, posted);
+      SlotHeader* slot = segments_[rank_]->slot(world_, op.forward_to, posted);
+      slot->bytes = piece;
+      char* slot_data = reinterpret_cast<char*>(slot + 1);
       if (op.reducer != nullptr) {
-        op.reducer->reduce_copy(dst, source, slot, count, op.last);
+        op.reducer->reduce_copy(dst, source, slot_data, count, op.last);
       } else {
-        std::memcpy(slot, source, piece);
-        std::memcpy(dst, slot, piece);
+        std::memcpy(slot_data, source, piece);
+        std::memcpy(dst, slot_data, piece);
       }
-      out->piece_bytes[posted % kShmSlots] = piece;
       out->posted.store(posted + 1, std::memory_order_release);
       ring(op.forward_to);
       return;

@@ -1,9 +1,9 @@
 // `shm`: ranks of one host exchange through POSIX shared memory.
 //
 // Each rank owns one segment holding a bounded staging area: for every peer, a channel of
-// kShmSlots slots of kShmSlotBytes. A send copies its bytes into the sender's slots (the one copy
-// a shared address space needs); the receiver reads them straight out of the sender's slot,
-// either copying into its buffer or reducing into it with no intermediate copy. Flags in the
+// kShmSlots slots of kShmSlotBytes (4 MiB per peer in use). A send copies its bytes into the
+// sender's slots (the one copy a shared address space needs); the receiver reads them straight out
+// of the sender's slot, either copying into its buffer or reducing into it with no intermediate copy. Flags in the
 // segment say which slots are full; a rank with nothing to do spins briefly, then sleeps on a
 // futex in its own segment that peers ring, with a timeout and a check that peers are alive.
 #pragma once
@@ -25,11 +25,15 @@ namespace ringreduce {
 // the buffer span it is reduced into both stay in a core's 1 MiB L2 here; 64 KiB and 1 MiB slots
 // were slower at 16 and 64 MiB in benchmarks/RESULTS.md.
 constexpr std::size_t kShmSlotBytes = 256 << 10;
-// Slots per channel: two segments in flight each way (the algorithms' pipeline depth) plus the
-// one being reduced, rounded up to a power of two.
-constexpr std::size_t kShmSlots = 4;
-// Staging memory a rank reserves per peer; only channels in use are touched (the ring touches one).
-constexpr std::size_t kShmChannelBytes = kShmSlots * kShmSlotBytes;
+// Slots per channel. With 4 slots, 4 ranks on this machine's 2 cores fell into a 1.1 GB/s mode in
+// half the runs at 16 and 64 MiB (every full channel stops a sender and costs a context switch);
+// with 16 they held 3.3-3.5 GB/s, and 2 ranks lost nothing (benchmarks/RESULTS.md).
+constexpr std::size_t kShmSlots = 16;
+// Each slot starts with a header line (the piece's size), so its data stays 64-byte aligned.
+constexpr std::size_t kShmSlotHeaderBytes = 64;
+// Staging memory a rank reserves per peer, about 4 MiB; only channels in use are touched (the ring
+// touches one, the central root one per peer).
+constexpr std::size_t kShmChannelBytes = kShmSlots * (kShmSlotHeaderBytes + kShmSlotBytes);
 
 class ShmTransport final : public Transport {
  public:

@@ -133,3 +133,36 @@ def test_bad_segment_size_environment_is_refused_before_any_data_moves(monkeypat
     with pytest.raises(ValueError, match="RINGREDUCE_SEGMENT_BYTES"):
         world.all_reduce(tensors)
     assert all(torch.equal(t, torch.ones(10)) for t in tensors)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("algorithm", ["ring", "central"])
+def test_nan_and_inf_propagate_as_ieee_says(dtype, algorithm):
+    # Lengths that leave ragged tails after the 8- and 16-lane vector loops.
+    world, numel = 3, 1003
+    gen = torch.Generator().manual_seed(7)
+    inputs = [torch.randn(numel, generator=gen, dtype=torch.float64) for _ in range(world)]
+    inputs[0][::7] = float("nan")
+    inputs[1][3::11] = float("inf")
+    inputs[2][5::13] = float("-inf")
+    inputs[1][::17] = float("nan")
+    for op in (R.SUM, R.AVG, R.MIN, R.MAX, R.PRODUCT):
+        tensors = [t.to(dtype) for t in inputs]
+        expected = reference([t.clone() for t in tensors], op)
+        world_of(world).all_reduce(tensors, op=op, algorithm=algorithm)
+        for t in tensors:
+            assert torch.equal(t.isnan(), expected.isnan()), (dtype, op)
+            finite = ~expected.isnan()
+            same_inf = torch.equal(t[finite].isinf(), expected[finite].isinf())
+            assert same_inf and torch.equal(t[finite & expected.isinf()], expected[finite & expected.isinf()]), (dtype, op)
+
+
+def test_bfloat16_and_float16_keep_subnormal_results():
+    world = world_of(2)
+    for dtype, tiny in [(torch.bfloat16, 2.0**-130), (torch.float16, 2.0**-20)]:
+        a = (torch.arange(1, 40, dtype=torch.float32) * tiny).to(dtype)
+        b = (torch.arange(40, 1, -1, dtype=torch.float32) * tiny).to(dtype)
+        tensors = [a.clone(), b.clone()]
+        world.all_reduce(tensors)
+        expected = (a.float() + b.float()).to(dtype)
+        assert (expected != 0).all() and torch.equal(tensors[0], expected), dtype

@@ -55,19 +55,16 @@ def test_ring_reduces_every_element_once_for_every_rank(world, numel, elem_size,
 
 @pytest.mark.parametrize("world", [2, 3, 4, 7])
 @pytest.mark.parametrize("numel,segment_bytes", [(1, 4), (10, 4), (1000, 36), (4096, 1 << 20)])
-def test_every_send_after_the_first_step_forwards_an_earlier_receive(world, numel, segment_bytes):
+def test_every_send_after_a_segments_first_step_forwards_the_receive_before_it(world, numel, segment_bytes):
+    steps = 2 * (world - 1)
     for rank in range(world):
         schedule = _C.ring_schedule(numel, 4, world, rank, segment_bytes)
-        per_step = len(schedule) // (2 * (world - 1))
         for k, (send_off, send_cnt, recv_off, recv_cnt, _, _, send_own, forward) in enumerate(schedule):
-            assert send_own == (k < per_step)
+            assert send_own == (k % steps == 0)
             if not send_own:
-                earlier = schedule[k - per_step]
-                assert earlier[7] and (earlier[2], earlier[3]) == (send_off, send_cnt)
-            if forward:
-                assert k + per_step < len(schedule) and not schedule[k + per_step][6]
-            else:
-                assert k >= len(schedule) - per_step  # only the last all-gather step keeps what it gets
+                before = schedule[k - 1]
+                assert before[7] and (before[2], before[3]) == (send_off, send_cnt)
+            assert forward == (k % steps != steps - 1)  # a segment's last all-gather step keeps what it gets
 
 
 def test_ring_moves_2_n_minus_1_over_n_of_the_buffer():
