@@ -23,11 +23,15 @@ bool OrderedExecutor::try_claim() {
 }
 
 void OrderedExecutor::release() {
+  bool jobs_waiting;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     busy_ = false;
+    jobs_waiting = !queue_.empty() || stopping_;
   }
-  changed_.notify_all();
+  // Wake the worker only when it has something to do: an idle worker woken after every inline
+  // call cost a futex wake-up and a context switch per all-reduce.
+  if (jobs_waiting) changed_.notify_all();
 }
 
 void OrderedExecutor::run_queued(Job job) {
@@ -54,24 +58,26 @@ void OrderedExecutor::submit(Job job, Done done) {
 void OrderedExecutor::loop() {
   for (;;) {
     std::unique_lock<std::mutex> lock(mutex_);
-    changed_.wait(lock, [&] { return (!queue_.empty() && !busy_) || (stopping_ && queue_.empty() && !busy_); });
+    changed_.wait(lock, [&] { return !busy_ && (!queue_.empty() || stopping_); });
     if (queue_.empty()) return;
     Task task = std::move(queue_.front());
     queue_.pop_front();
     busy_ = true;
     lock.unlock();
-    std::exception_ptr error;
-    try {
-      task.job();
-    } catch (...) {
-      error = std::current_exception();
-    }
-    task.done(error);
+    run_task(std::move(task));  // destroyed in there: its tensors may need the GIL, so not under our lock
     lock.lock();
-    busy_ = false;
-    lock.unlock();
-    changed_.notify_all();
+    busy_ = false;  // only this thread waits on changed_, so nobody needs waking
   }
+}
+
+void OrderedExecutor::run_task(Task task) {
+  std::exception_ptr error;
+  try {
+    task.job();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  task.done(error);
 }
 
 }  // namespace ringreduce

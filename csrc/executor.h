@@ -45,6 +45,7 @@ class OrderedExecutor {
   void release();
   void run_queued(Job job);
   void loop();
+  static void run_task(Task task);
 
   std::mutex mutex_;
   std::condition_variable changed_;

@@ -78,7 +78,7 @@ def _mpi_main(out, sizes, dtype_name, op_name, iters, warmup, trials, check):
             call(data)
             expected = bench.expected_result(world, numel, torch_dtype, bench.OPS[op_name]).numpy()
             wrong = comm.allreduce(int((data != expected).sum()), op=MPI.SUM)
-        records.append(record("OpenMPI", "-", "mpi4py", world, dtype_name, op_name, size, seconds, wrong))
+        records.append(record("OpenMPI", "-", "mpi4py", world, dtype_name, op_name, size, numel, seconds, wrong))
     if rank == 0:
         with open(out, "w") as f:
             json.dump(records, f)

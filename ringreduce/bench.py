@@ -212,7 +212,9 @@ def run_sweep(args, rank, world):
         seconds = timed_trials(calls, args, dist.barrier, _slowest, _agree)
         for ((impl, algorithm, transport), fn), row_seconds in zip(rows, seconds):
             wrong = count_wrong(lambda t, fn=fn: fn(t, op), rank, world, numel, dtype, op) if args.check else -1
-            records.append(report.record(impl, algorithm, transport, world, args.dtype, args.op, size, row_seconds, wrong))
+            records.append(
+                report.record(impl, algorithm, transport, world, args.dtype, args.op, size, numel, row_seconds, wrong)
+            )
     progress.done()
     return records
 
