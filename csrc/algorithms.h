@@ -9,11 +9,11 @@
 namespace ringreduce {
 
 // Receives posted ahead of the one being reduced, so a transfer is always in flight while a
-// segment is reduced. Two is what gloo and NCCL keep in flight; a third gained nothing on the
-// shm and pg transports in benchmarks/RESULTS.md (4 KiB to 64 MiB, 2 and 4 ranks).
+// segment is reduced: two, as gloo's ring and NCCL keep. 1 and 4 measured no differently on the shm
+// and pg transports within this machine's noise (benchmarks/RESULTS.md).
 constexpr std::size_t kRecvsAhead = 2;
 
-// Sends in flight per destination before the oldest is waited for.
+// Sends the central reducer keeps in flight per destination before it waits for the oldest.
 constexpr std::size_t kSendsInFlight = 2;
 
 // Ring all-reduce: chunked reduce-scatter then all-gather, pipelined by segment. Every rank moves

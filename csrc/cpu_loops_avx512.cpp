@@ -26,9 +26,8 @@ struct BFloat16Lanes16 {
     return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
   }
   static Packed round(Vec v) {
-    const __m512 magnitude = _mm512_abs_ps(v);
-    const __mmask16 small = _mm512_cmp_ps_mask(magnitude, _mm512_set1_ps(0x1p-126f), _CMP_LT_OQ);
-    if (_mm512_mask_cmp_ps_mask(small, magnitude, _mm512_setzero_ps(), _CMP_NEQ_OQ) != 0) {
+    constexpr int kSubnormalClass = 0x20;  // VFPCLASSPS category: denormal
+    if (_mm512_fpclass_ps_mask(v, kSubnormalClass) != 0) {
       const __m128i low = round_to_bfloat16(_mm512_castps512_ps256(v));
       const __m128i high = round_to_bfloat16(_mm512_extractf32x8_ps(v, 1));
       return _mm256_set_m128i(high, low);

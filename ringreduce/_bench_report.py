@@ -101,6 +101,7 @@ def plot(records, path):
         style = "-" if name.startswith("ringreduce ring") else "--" if name.startswith("ringreduce") else ":"
         ax.plot([r["bytes"] for r in rows], [r["busbw_GBps"] for r in rows], style, marker="o", label=name)
     ax.set_xscale("log", base=2)
+    ax.set_yscale("log")  # rows span three orders of magnitude
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("bus bandwidth (GB/s)")
     ax.set_title(f"all-reduce, {first['world']} ranks, {first['dtype']} {first['op']}")
