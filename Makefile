@@ -8,7 +8,7 @@ BUILT := $(VENV)/.ringreduce-built
 # Parallel compile jobs for the extension (this machine has 2 cores).
 export MAX_JOBS ?= 2
 
-.PHONY: install build test bench bench-peers clean
+.PHONY: install build test bench bench-peers gpu-check clean
 
 # Set-up: a virtual environment with torch (the default, CUDA-enabled wheel) and the extension,
 # built against that torch (no build isolation, which would pull in a second torch).
@@ -36,6 +36,10 @@ bench: build
 bench-peers: install
 	command -v mpirun >/dev/null || (apt-get update -q && apt-get install -y -q openmpi-bin libopenmpi-dev)
 	$(PIP) install -q mpi4py
+
+# The GPU checks, for a GPU machine with torch, nvcc and NCCL installed (no set-up, no network).
+gpu-check:
+	bash benchmarks/gpu_check.sh
 
 clean:
 	rm -rf build ringreduce/*.so *.egg-info

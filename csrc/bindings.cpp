@@ -14,6 +14,19 @@
 #include "schedule.h"
 #include "shm_transport.h"
 
+#if defined(RINGREDUCE_WITH_CUDA)
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "cuda/cuda_check.h"
+#include "cuda/cuda_reducer.h"
+#include "cuda/device_memory.h"
+#include "cuda/device_queue.h"
+#include "cuda/nccl_transport.h"
+#include "cuda/reduce_kernels.h"
+#endif
+
 namespace py = pybind11;
 
 namespace ringreduce {
@@ -84,16 +97,79 @@ class StoreRendezvous final : public Rendezvous {
   c10::intrusive_ptr<c10d::Store> store_;
 };
 
-std::shared_ptr<Communicator> make_communicator(std::unique_ptr<Transport> transport) {
-  return std::shared_ptr<Communicator>(new Communicator(std::move(transport), &make_cpu_reducer), &delete_without_gil);
+std::shared_ptr<Communicator> make_communicator(std::unique_ptr<Transport> transport,
+                                               Communicator::ReducerFactory make_reducer = &make_cpu_reducer,
+                                               std::unique_ptr<StreamContext> stream = nullptr) {
+  return std::shared_ptr<Communicator>(new Communicator(std::move(transport), std::move(make_reducer), std::move(stream)),
+                                       &delete_without_gil);
 }
 
+// Orders a call on a CUDA tensor against the caller's stream, as torch's NCCL backend does: the
+// collective starts after what the caller queued before it, and the caller's later work waits
+// for its result; both through events, never by blocking the host. For host tensors it does nothing.
+class StreamJoin {
+ public:
+  StreamJoin(StreamContext* engine, const at::Tensor& tensor, const at::Tensor& buffer) : engine_(engine) {
+    if (tensor.is_cuda() != (engine != nullptr)) {
+      throw py::value_error(detail::concat("ringreduce: this communicator serves ", engine ? "cuda" : "cpu",
+                                           " tensors, got a tensor on ", tensor.device(),
+                                           "; pass transport=None to choose one that serves it"));
+    }
+#if defined(RINGREDUCE_WITH_CUDA)
+    if (engine == nullptr) return;
+    device_ = tensor.device();
+    caller_ = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+    start_ = engine->mark(caller_);
+    // The caching allocator must not hand these blocks out again before the engine's stream is done.
+    const auto engine_stream = c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(engine->stream()), device_.index());
+    c10::cuda::CUDACachingAllocator::recordStream(tensor.storage().data_ptr(), engine_stream);
+    if (!buffer.is_same(tensor)) c10::cuda::CUDACachingAllocator::recordStream(buffer.storage().data_ptr(), engine_stream);
+#endif
+  }
+
+  // Inside the job, before any engine work: wait for the caller's stream as it was at the call.
+  void begin() const {
+    if (engine_ != nullptr) engine_->wait(start_);
+  }
+
+  // After a blocking call: the caller's stream waits for the engine's.
+  void release() const {
+    if (engine_ != nullptr) engine_->release_to(caller_);
+  }
+
+  // Runs `work` with the engine's stream current, so torch work it launches (the write-back of a
+  // non-contiguous tensor, the events a CUDA future records) is ordered after the collective.
+  template <typename F>
+  void on_engine_stream(F&& work) const {
+#if defined(RINGREDUCE_WITH_CUDA)
+    if (engine_ != nullptr) {
+      c10::cuda::CUDAStreamGuard guard(
+          c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(engine_->stream()), device_.index()));
+      work();
+      return;
+    }
+#endif
+    work();
+  }
+
+  std::vector<c10::Device> devices() const {
+    return engine_ != nullptr ? std::vector<c10::Device>{device_} : std::vector<c10::Device>{};
+  }
+
+ private:
+  StreamContext* engine_;
+  c10::Device device_{c10::kCPU};
+  void* caller_ = nullptr;
+  std::shared_ptr<void> start_;
+};
+
 // One call's work: reduce `buffer`, then copy it into `tensor` when it is a contiguous stand-in.
-void reduce_and_write_back(Communicator& communicator, const AllReduceArgs& args, const at::Tensor& tensor,
-                           const at::Tensor& buffer) {
+void reduce_and_write_back(Communicator& communicator, const StreamJoin& join, const AllReduceArgs& args,
+                           const at::Tensor& tensor, const at::Tensor& buffer) {
   at::NoGradGuard no_grad;
+  join.begin();
   communicator.all_reduce(args);
-  if (!buffer.is_same(tensor)) tensor.copy_(buffer);
+  if (!buffer.is_same(tensor)) join.on_engine_stream([&] { tensor.copy_(buffer); });
 }
 
 py::object all_reduce(Communicator& communicator, const at::Tensor& tensor, int op_code, int algorithm_code,
@@ -111,6 +187,7 @@ py::object all_reduce(Communicator& communicator, const at::Tensor& tensor, int 
   at::NoGradGuard no_grad;
   // Non-contiguous tensors are reduced in a contiguous copy that is written back afterwards.
   at::Tensor buffer = tensor.is_contiguous() ? tensor : tensor.contiguous();
+  const StreamJoin join(communicator.stream_context(), tensor, buffer);
   AllReduceArgs args;
   args.data = buffer.data_ptr();
   args.numel = static_cast<std::size_t>(buffer.numel());
@@ -121,17 +198,20 @@ py::object all_reduce(Communicator& communicator, const at::Tensor& tensor, int 
   args.root = root;
   if (!async_op) {
     py::gil_scoped_release release;
-    communicator.executor().run([&] { reduce_and_write_back(communicator, args, tensor, buffer); });
+    communicator.executor().run([&] { reduce_and_write_back(communicator, join, args, tensor, buffer); });
+    join.release();
     return py::none();
   }
   Communicator* comm = &communicator;  // outlives its jobs: its executor drains before it dies
-  auto job = [comm, args, tensor, buffer] { reduce_and_write_back(*comm, args, tensor, buffer); };
-  auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
-  comm->executor().submit(std::move(job), [future, tensor](std::exception_ptr error) {
+  auto job = [comm, join, args, tensor, buffer] { reduce_and_write_back(*comm, join, args, tensor, buffer); };
+  auto future =
+      c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), join.devices());
+  comm->executor().submit(std::move(job), [future, join, tensor](std::exception_ptr error) {
     if (error) {
       future->setError(error);
     } else {
-      future->markCompleted(c10::IValue(std::vector<at::Tensor>{tensor}));
+      // A CUDA future records its events on the current stream: the engine's, where the result is.
+      join.on_engine_stream([&] { future->markCompleted(c10::IValue(std::vector<at::Tensor>{tensor})); });
     }
   });
   return py::cast(c10d::Work::create_from_future(future));
@@ -156,11 +236,44 @@ py::dict build_info() {
   py::dict info;
   info["version"] = RINGREDUCE_VERSION;
   info["torch"] = RINGREDUCE_TORCH_VERSION;
+#if defined(RINGREDUCE_WITH_CUDA)
+  info["cuda"] = true;
+  info["nccl"] = cuda::nccl_version();
+  info["transports"] = py::make_tuple("local", "pg", "shm", "nccl");
+#else
   info["cuda"] = false;
   info["nccl"] = py::none();
   info["transports"] = py::make_tuple("local", "pg", "shm");
+#endif
   return info;
 }
+
+#if defined(RINGREDUCE_WITH_CUDA)
+// A GPU communicator: its stream, the transport on it, and reducers that launch on it.
+std::shared_ptr<Communicator> make_device_communicator(
+    std::unique_ptr<cuda::DeviceQueue> queue, const std::function<std::unique_ptr<Transport>(cuda::DeviceQueue&)>& transport) {
+  cudaStream_t stream = queue->cuda_stream();
+  auto made = transport(*queue);
+  return make_communicator(
+      std::move(made), [stream](DType dtype, ReduceOp op, int world) { return cuda::make_cuda_reducer(dtype, op, world, stream); },
+      std::move(queue));
+}
+
+// The kernel on its own, on the current stream: for tests and benchmarks/kernel_bench.py.
+void cuda_reduce(const at::Tensor& dst, const at::Tensor& src, int op_code, int world, bool last,
+                 const c10::optional<at::Tensor>& copy) {
+  const auto op = static_cast<ReduceOp>(op_code);
+  TORCH_CHECK(dst.is_cuda() && src.is_cuda() && dst.is_contiguous() && src.is_contiguous(),
+              "cuda_reduce needs contiguous CUDA tensors");
+  TORCH_CHECK(dst.numel() == src.numel() && dst.scalar_type() == src.scalar_type(), "cuda_reduce: mismatched tensors");
+  TORCH_CHECK(!copy || (copy->is_cuda() && copy->is_contiguous() && copy->numel() == dst.numel()),
+              "cuda_reduce: bad copy tensor");
+  const c10::cuda::CUDAGuard guard(dst.device());
+  RR_CUDA_CHECK(cuda::launch_reduce(to_dtype(dst, op), op, dst.data_ptr(), src.data_ptr(),
+                                    copy ? copy->data_ptr() : nullptr, static_cast<std::size_t>(dst.numel()), world,
+                                    last, c10::cuda::getCurrentCUDAStream().stream()));
+}
+#endif
 
 }  // namespace
 }  // namespace ringreduce
@@ -179,15 +292,26 @@ PYBIND11_MODULE(_C, m) {
 
   m.def(
       "local_world",
-      [](int world, double timeout_s) {
+      [](int world, double timeout_s, int device) {
         auto hub = std::make_shared<LocalHub>(world, to_millis(timeout_s));
         std::vector<std::shared_ptr<Communicator>> ranks;
         for (int rank = 0; rank < world; ++rank) {
-          ranks.push_back(make_communicator(std::make_unique<LocalTransport>(hub, rank, std::make_unique<HostMemory>())));
+          if (device < 0) {
+            ranks.push_back(make_communicator(std::make_unique<LocalTransport>(hub, rank, std::make_unique<HostMemory>())));
+            continue;
+          }
+#if defined(RINGREDUCE_WITH_CUDA)
+          ranks.push_back(make_device_communicator(std::make_unique<cuda::DeviceQueue>(device), [&](cuda::DeviceQueue& queue) {
+            return std::make_unique<LocalTransport>(hub, rank, std::make_unique<cuda::DeviceMemory>(queue));
+          }));
+#else
+          throw py::value_error("ringreduce was built without CUDA: a LocalWorld can only hold CPU ranks");
+#endif
         }
         return ranks;
       },
-      py::arg("world"), py::arg("timeout_s"), "Communicators for `world` ranks that are threads of this process.");
+      py::arg("world"), py::arg("timeout_s"), py::arg("device") = -1,
+      "Communicators for `world` ranks that are threads of this process (virtual ranks on GPU `device` if >= 0).");
 
   m.def(
       "pg_communicator",
@@ -205,6 +329,21 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("store"), py::arg("rank"), py::arg("world"), py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>(),
       "A communicator over shared memory; every rank of the group must be on this host.");
+
+#if defined(RINGREDUCE_WITH_CUDA)
+  m.def(
+      "nccl_communicator",
+      [](c10d::Store& store, int rank, int world, int device, double timeout_s) {
+        StoreRendezvous rendezvous(store);
+        return make_device_communicator(std::make_unique<cuda::DeviceQueue>(device), [&](cuda::DeviceQueue& queue) {
+          return std::make_unique<cuda::NcclTransport>(rendezvous, rank, world, queue, to_millis(timeout_s));
+        });
+      },
+      py::arg("store"), py::arg("rank"), py::arg("world"), py::arg("device"), py::arg("timeout_s"),
+      py::call_guard<py::gil_scoped_release>(), "A communicator over NCCL point-to-point on GPU `device`.");
+  m.def("cuda_reduce", &cuda_reduce, py::arg("dst"), py::arg("src"), py::arg("op"), py::arg("world"), py::arg("last"),
+        py::arg("copy") = py::none(), "dst = dst op src (and copy = the result) with the engine's kernel.");
+#endif
 
   m.def("ring_schedule", &ring_schedule_py, py::arg("numel"), py::arg("elem_size"), py::arg("world"), py::arg("rank"),
         py::arg("segment_bytes"));

@@ -14,10 +14,11 @@ void central_all_reduce(Transport& transport, const Reducer& reducer, void* data
   char* base = static_cast<char*>(data);
   auto address = [&](const Span& span) { return base + span.offset * elem; };
 
+  const std::size_t ahead = transport.can_post_ahead() ? kRecvsAhead : 0;
   if (rank != root) {
     // Send each segment to the root and take the result back in its place.
-    RequestWindow sends(transport, kSendsInFlight);
-    RequestWindow results(transport, kRecvsAhead);
+    RequestWindow sends(transport, transport.can_post_ahead() ? kSendsInFlight : 0);
+    RequestWindow results(transport, ahead);
     for (const Span& span : spans) {
       sends.push(transport.isend(root, address(span), span.count * elem));
       results.push(transport.irecv(root, address(span), span.count * elem));
@@ -33,16 +34,16 @@ void central_all_reduce(Transport& transport, const Reducer& reducer, void* data
   auto post_gather = [&](std::size_t j) {
     for (int peer = 0; peer < world; ++peer) {
       if (peer == root) continue;
-      gathers[j].push_back(transport.irecv_reduce(peer, address(spans[j]), spans[j].count * elem,
-                                                  reducer, peer == last_peer));
+      gathers[j].push_back(transport.irecv_reduce(peer, address(spans[j]), spans[j].count * elem, reducer,
+                                                  peer == last_peer));
     }
   };
-  RequestWindow broadcasts(transport, kSendsInFlight * (world - 1));
-  for (std::size_t j = 0; j < std::min(kRecvsAhead, spans.size()); ++j) post_gather(j);
+  RequestWindow broadcasts(transport, transport.can_post_ahead() ? kSendsInFlight * (world - 1) : 0);
+  std::size_t gathered = 0;  // segments whose receives are posted
   for (std::size_t j = 0; j < spans.size(); ++j) {
+    while (gathered < spans.size() && gathered <= j + ahead) post_gather(gathered++);
     // Reduce segment j: every peer's contribution, in rank order.
     for (Request request : gathers[j]) transport.wait(request);
-    if (j + kRecvsAhead < spans.size()) post_gather(j + kRecvsAhead);
     // Send the finished segment back to every peer.
     for (int peer = 0; peer < world; ++peer) {
       if (peer != root) broadcasts.push(transport.isend(peer, address(spans[j]), spans[j].count * elem));

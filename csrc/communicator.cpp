@@ -21,8 +21,9 @@ std::size_t resolve_segment_bytes(std::size_t requested) {
   return static_cast<std::size_t>(value);
 }
 
-Communicator::Communicator(std::unique_ptr<Transport> transport, ReducerFactory make_reducer)
-    : transport_(std::move(transport)), make_reducer_(std::move(make_reducer)) {}
+Communicator::Communicator(std::unique_ptr<Transport> transport, ReducerFactory make_reducer,
+                           std::unique_ptr<StreamContext> stream)
+    : stream_(std::move(stream)), transport_(std::move(transport)), make_reducer_(std::move(make_reducer)) {}
 
 const Reducer& Communicator::reducer(DType dtype, ReduceOp op) {
   std::unique_ptr<Reducer>& slot = reducers_[static_cast<int>(dtype)][static_cast<int>(op)];

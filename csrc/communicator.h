@@ -30,16 +30,33 @@ struct AllReduceArgs {
   int root = 0;                   // central reducer only
 };
 
+// How a GPU communicator's work is ordered against its caller's: a device stream joined to the
+// caller's stream by events (the host never waits). CPU communicators have none.
+class StreamContext {
+ public:
+  virtual ~StreamContext() = default;
+  virtual void* stream() const = 0;
+  // A marker at the current point of `stream` (a CUDA event).
+  virtual std::shared_ptr<void> mark(void* stream) = 0;
+  // Our later work waits for the marker.
+  virtual void wait(const std::shared_ptr<void>& marker) = 0;
+  // The caller's later work on `stream` waits for everything queued on ours so far.
+  virtual void release_to(void* stream) = 0;
+};
+
 class Communicator {
  public:
   using ReducerFactory = std::function<std::unique_ptr<Reducer>(DType, ReduceOp, int world)>;
 
-  Communicator(std::unique_ptr<Transport> transport, ReducerFactory make_reducer);
+  // `stream` is null for host memory; it outlives the transport and reducers, which use it.
+  Communicator(std::unique_ptr<Transport> transport, ReducerFactory make_reducer,
+               std::unique_ptr<StreamContext> stream = nullptr);
 
   int rank() const { return transport_->rank(); }
   int size() const { return transport_->size(); }
   const char* transport_name() const { return transport_->name(); }
   OrderedExecutor& executor() { return executor_; }
+  StreamContext* stream_context() const { return stream_.get(); }
 
   // Runs one all-reduce on the calling thread; call it from a job of executor(). After a failure
   // the transport is aborted and every later call raises the first error again.
@@ -48,6 +65,7 @@ class Communicator {
  private:
   const Reducer& reducer(DType dtype, ReduceOp op);
 
+  std::unique_ptr<StreamContext> stream_;
   std::unique_ptr<Transport> transport_;
   ReducerFactory make_reducer_;
   // Reducers made so far, by dtype and op: a call reuses them instead of allocating.

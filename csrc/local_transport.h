@@ -26,6 +26,8 @@ class LocalMemory {
  public:
   virtual ~LocalMemory() = default;
   virtual void copy(void* dst, const void* src, std::size_t bytes) = 0;
+  // The pipeline segment that suits this memory (see kLocalSegmentBytes).
+  virtual std::size_t segment_bytes() const { return kLocalSegmentBytes; }
   // A marker at the current point of this rank's work (null on the host).
   virtual std::shared_ptr<void> record() { return nullptr; }
   // Make this rank's later work wait for a marker recorded by another rank.
@@ -81,7 +83,7 @@ class LocalTransport final : public Transport {
   int rank() const override { return rank_; }
   int size() const override { return hub_->world(); }
   const char* name() const override { return "local"; }
-  std::size_t default_segment_bytes() const override { return kLocalSegmentBytes; }
+  std::size_t default_segment_bytes() const override { return memory_->segment_bytes(); }
 
   Request isend(int peer, const void* data, std::size_t bytes) override;
   Request irecv(int peer, void* data, std::size_t bytes) override;

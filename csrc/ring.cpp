@@ -17,9 +17,10 @@ void ring_all_reduce(Transport& transport, const Reducer& reducer, void* data, s
   auto address = [&](const Span& span) { return base + span.offset * elem; };
 
   std::vector<Request> recvs(transfers.size());
+  // Empty spans travel as empty messages, so every rank makes the same transfers in the same order
+  // (a transport may pair a step's send and receive by position).
   auto post_recv = [&](std::size_t k) {
     const RingTransfer& t = transfers[k];
-    if (t.recv.count == 0) return;
     char* at = address(t.recv);
     const std::size_t bytes = t.recv.count * elem;
     if (t.forward) {
@@ -29,17 +30,18 @@ void ring_all_reduce(Transport& transport, const Reducer& reducer, void* data, s
     }
   };
 
+  const std::size_t ahead = transport.can_post_ahead() ? kRecvsAhead : 0;
+  std::size_t posted = 0;  // receives posted so far
   std::vector<Request> own_sends;
-  for (std::size_t k = 0; k < std::min(kRecvsAhead, transfers.size()); ++k) post_recv(k);
   for (std::size_t k = 0; k < transfers.size(); ++k) {
     const RingTransfer& t = transfers[k];
     // A segment's step 0: push this rank's own data to the next rank. Every later send is a forward.
-    if (t.send_own && t.send.count > 0) own_sends.push_back(transport.isend(next, address(t.send), t.send.count * elem));
+    if (t.send_own) own_sends.push_back(transport.isend(next, address(t.send), t.send.count * elem));
+    // Keep the pipeline full: this receive and `ahead` more are posted.
+    while (posted < transfers.size() && posted <= k + ahead) post_recv(posted++);
     // Take the previous rank's span: reduce it in (reduce-scatter) or keep it (all-gather), and pass
     // the result on to the next rank unless this is the segment's last step.
-    if (recvs[k].valid()) transport.wait(recvs[k]);
-    // Keep the pipeline full.
-    if (k + kRecvsAhead < transfers.size()) post_recv(k + kRecvsAhead);
+    transport.wait(recvs[k]);
   }
   for (Request send : own_sends) transport.wait(send);
   transport.flush();

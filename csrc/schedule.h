@@ -31,8 +31,8 @@ struct SegmentLayout {
 SegmentLayout segment_layout(std::size_t numel, std::size_t elem_size, int world, std::size_t segment_bytes);
 
 // One pipelined ring transfer of rank r: send `send` to rank r+1, receive `recv` from rank r-1.
-// What rank r sends at position k is exactly what rank r+1 receives at position k, so both sides
-// skip the same empty spans. Except at a segment's first step, every send passes on the span
+// What rank r sends at position k is exactly what rank r+1 receives at position k, empty spans
+// included, so both sides make the same transfers in the same order. Except at a segment's first step, every send passes on the span
 // received at the position just before, which lets a transport fuse the receive and the send.
 struct RingTransfer {
   Span send;

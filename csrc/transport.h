@@ -34,6 +34,10 @@ class Transport {
   virtual const char* name() const = 0;
   // The pipeline segment size that suits this transport (see each transport's constant).
   virtual std::size_t default_segment_bytes() const = 0;
+  // Whether an algorithm may post transfers beyond the one it waits for next. A transport that
+  // must hand matching transfers over together (NCCL groups) says no; then algorithms post each
+  // exchange's send before its receive and wait for it at once.
+  virtual bool can_post_ahead() const { return true; }
 
   // Send [data, data + bytes) to `peer`. The bytes must stay unchanged until wait() returns.
   virtual Request isend(int peer, const void* data, std::size_t bytes) = 0;

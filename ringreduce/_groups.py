@@ -10,8 +10,11 @@ import torch.distributed as dist
 
 from ringreduce import _C, _debug
 
-# Transports of this build and the devices they serve.
-TRANSPORT_DEVICES = {"local": ("cpu",), "pg": ("cpu",), "shm": ("cpu",)}
+# Transports and the devices they serve (nccl and GPU `local` ranks only in a CUDA build).
+_CUDA_BUILT = _C.build_info()["cuda"]
+TRANSPORT_DEVICES = {"local": ("cpu", "cuda") if _CUDA_BUILT else ("cpu",), "pg": ("cpu",), "shm": ("cpu",)}
+if _CUDA_BUILT:
+    TRANSPORT_DEVICES["nccl"] = ("cuda",)
 
 _lock = threading.Lock()
 _world = dist.distributed_c10d._world
@@ -75,8 +78,10 @@ class _GroupState:
             self._single_host = len(hosts) == 1
         return self._single_host
 
-    def create(self, transport, timeout_s):
+    def create(self, transport, device, timeout_s):
         store = self.fresh_store(transport)
+        if transport == "nccl":
+            return _C.nccl_communicator(store, self.rank, self.size, device.index, timeout_s)
         if transport == "shm":
             if not self.single_host():
                 raise ValueError("transport 'shm' needs every rank of the group on one host; use 'pg' or None")
@@ -87,8 +92,13 @@ class _GroupState:
 
     def choose(self, device_type):
         """Automatic transport choice: (name, reason)."""
+        if device_type == "cuda" and _CUDA_BUILT:
+            return "nccl", "CUDA tensor: NCCL point-to-point on a communicator of ringreduce's own"
         if device_type != "cpu":
-            raise ValueError(f"ringreduce has no transport for {device_type} tensors in this build (see build_info())")
+            raise ValueError(
+                f"ringreduce has no transport for {device_type} tensors in this build "
+                f"(build_info()['cuda'] is {_CUDA_BUILT}); move the tensor to the CPU or build with CUDA"
+            )
         if self.single_host():
             return "shm", "CPU tensor, every rank on this host: shared memory"
         return "pg", "CPU tensor, ranks on several hosts: point-to-point over a private gloo group"
@@ -115,10 +125,10 @@ def communicator(group, tensor, transport, algorithm):
     """The communicator for this call, created (collectively) on first use."""
     if group is None:
         group = _world.default_pg  # None before init_process_group: _resolve says what to do
-    key = (group, transport, tensor.is_cuda)  # is_cuda is cheaper than device.type
+    key = (group, transport, tensor.get_device())  # -1 on the CPU, the GPU's index on CUDA
     comm = _resolved.get(key)
     if comm is None:
-        comm = _resolved[key] = _resolve(group, tensor.device.type, transport)
+        comm = _resolved[key] = _resolve(group, tensor.device, transport)
     if (comm, algorithm) not in _logged:
         _logged.add((comm, algorithm))
         _debug.info_once((id(comm), algorithm), f"rank {comm.rank}/{comm.size}: algorithm {algorithm}, "
@@ -126,11 +136,12 @@ def communicator(group, tensor, transport, algorithm):
     return comm
 
 
-def _resolve(group, device_type, transport):
+def _resolve(group, device, transport):
     from ringreduce.local import LocalGroup
 
+    device_type = device.type
     if isinstance(group, LocalGroup):
-        return group.communicator(device_type, transport)
+        return group.communicator(device, transport)
     if transport == "local":
         raise ValueError("transport 'local' runs ranks as threads of one process: pass a ringreduce.LocalWorld group")
     if transport is not None:
@@ -145,9 +156,9 @@ def _resolve(group, device_type, transport):
         if state is None:
             state = _states[group] = _GroupState(group)
         name, reason = state.choose(device_type) if transport is None else (transport, "requested")
-        comm = state.communicators.get((name, device_type))
+        comm = state.communicators.get((name, device))
         if comm is None:
-            comm = state.communicators[(name, device_type)] = state.create(name, timeout_seconds(group))
+            comm = state.communicators[(name, device)] = state.create(name, device, timeout_seconds(group))
             _debug.info_once(
                 (id(comm), "transport"),
                 f"group {group.group_name!r} rank {comm.rank}/{comm.size}: transport {name} ({reason})",

@@ -86,6 +86,8 @@ def parse_args(argv=None):
     parser.add_argument("--transports", default=None, help="CPU transports to time (default: all in this build)")
     parser.add_argument("--no-torch", action="store_true", help="skip the torch.distributed rows")
     parser.add_argument("--no-mpi", action="store_true", help="skip the OpenMPI rows even when mpi4py is present")
+    parser.add_argument("--gpu", choices=("auto", "off", "only"), default="auto",
+                        help="GPU rows: NCCL across processes with a GPU each, else virtual ranks on one GPU")
     parser.add_argument("--json", metavar="PATH", help="write the records as a JSON list")
     parser.add_argument("--plot", metavar="PATH", help="draw busbw against size (PNG)")
     parser.add_argument("--progress", type=int, choices=(0, 1), default=1, help="progress bar on stderr")
@@ -147,19 +149,26 @@ def iterations_for(one_call_seconds: float, args) -> int:
     return max(MIN_ITERS, min(MAX_ITERS, int(budget / max(one_call_seconds, 1e-7))))
 
 
-def timed_trials(calls, args, barrier, slowest, agree) -> list:
+def _nothing():
+    pass
+
+
+def timed_trials(calls, args, barrier, slowest, agree, sync=_nothing) -> list:
     """Median seconds per call of each of `calls`, over args.trials trials run round-robin.
 
     Interleaving the rows trial by trial means a burst of load from elsewhere on the machine hits
     every row alike instead of one row, so the ratios between rows hold up; the median drops bursts.
+    `sync` ends a trial (torch.cuda.synchronize for GPU rows, whose calls only queue work).
     """
     iters = []
     for call in calls:
         for _ in range(args.warmup):
             call()
+        sync()
         barrier()
         start = time.perf_counter()
         call()
+        sync()
         iters.append(agree(iterations_for(slowest(time.perf_counter() - start), args)))
     samples = [[] for _ in calls]
     for _ in range(args.trials):
@@ -168,54 +177,93 @@ def timed_trials(calls, args, barrier, slowest, agree) -> list:
             start = time.perf_counter()
             for _ in range(n):
                 call()
+            sync()
             row.append(slowest((time.perf_counter() - start) / n))
     return [sorted(row)[len(row) // 2] for row in samples]
 
 
-def count_wrong(call, rank, world, numel, dtype, op) -> int:
-    tensor = bench_inputs(rank, world, numel, dtype, op)
+def count_wrong(call, rank, world, numel, dtype, op, device="cpu") -> int:
+    tensor = bench_inputs(rank, world, numel, dtype, op).to(device)
     call(tensor)
-    wrong = torch.tensor([int((tensor != expected_result(world, numel, dtype, op)).sum())], dtype=torch.int64)
-    dist.all_reduce(wrong)
-    return int(wrong.item())
+    total = torch.tensor([int((tensor.cpu() != expected_result(world, numel, dtype, op)).sum())], dtype=torch.int64)
+    dist.all_reduce(total)
+    return int(total.item())
 
 
-def ringreduce_rows(args):
+def gpus_for_processes(args, world) -> bool:
+    """Whether every rank can have a GPU of its own (then the NCCL rows run across processes)."""
+    return args.gpu != "off" and torch.cuda.is_available() and torch.cuda.device_count() >= world
+
+
+def process_rows(args, rank, world):
+    """(impl, algorithm, transport, device, fn(tensor, op)) for every row the ranks run together."""
     algorithms = [a for a in args.algorithms.split(",") if a]
-    available = [t for t in ringreduce.build_info()["transports"] if t != "local"]
-    transports = args.transports.split(",") if args.transports else [t for t in available if t != "nccl"]
     rows = []
-    for transport in transports:
+    if args.gpu != "only":
+        available = [t for t in ringreduce.build_info()["transports"] if t not in ("local", "nccl")]
+        for transport in args.transports.split(",") if args.transports else available:
+            for algorithm in algorithms:
+                rows.append(("ringreduce", algorithm, transport, "cpu",
+                             lambda t, op, a=algorithm, tr=transport: ringreduce.all_reduce(t, op, algorithm=a, transport=tr)))
+        if not args.no_torch:
+            rows.append(("torch.distributed", "-", dist.get_backend(), "cpu", lambda t, op: dist.all_reduce(t, op)))
+    if gpus_for_processes(args, world):
+        # One GPU per rank: ringreduce over NCCL beside torch.distributed's NCCL backend.
+        torch.cuda.set_device(rank)
+        nccl_group = dist.new_group(backend="nccl")
         for algorithm in algorithms:
-            rows.append(
-                (
-                    ("ringreduce", algorithm, transport),
-                    lambda t, op, a=algorithm, tr=transport: ringreduce.all_reduce(t, op, algorithm=a, transport=tr),
-                )
-            )
+            rows.append(("ringreduce", algorithm, "nccl", f"cuda:{rank}",
+                         lambda t, op, a=algorithm: ringreduce.all_reduce(t, op, algorithm=a, transport="nccl")))
+        rows.append(("torch.distributed", "-", "nccl", f"cuda:{rank}",
+                     lambda t, op: dist.all_reduce(t, op, group=nccl_group)))
     return rows
 
 
 def run_sweep(args, rank, world):
     dtype, op = DTYPES[args.dtype], OPS[args.op]
-    rows = ringreduce_rows(args)
-    if not args.no_torch:
-        rows.append((("torch.distributed", "-", dist.get_backend()), lambda t, op: dist.all_reduce(t, op)))
-    sizes = size_sweep(args)
+    rows = process_rows(args, rank, world)
+    sizes = size_sweep(args) if rows else []
     progress = report.Progress(len(sizes), enabled=args.progress and rank == 0)
+    sync = torch.cuda.synchronize if any(row[3] != "cpu" for row in rows) else _nothing
     records = []
     for size in sizes:
         progress.step(f"{report.human_bytes(size)}: {len(rows)} rows x {args.trials} trials")
         numel = max(1, size // torch.empty((), dtype=dtype).element_size())
-        tensors = [torch.zeros(numel, dtype=dtype) for _ in rows]
-        calls = [lambda fn=fn, t=t: fn(t, op) for (_, fn), t in zip(rows, tensors)]
-        seconds = timed_trials(calls, args, dist.barrier, _slowest, _agree)
-        for ((impl, algorithm, transport), fn), row_seconds in zip(rows, seconds):
-            wrong = count_wrong(lambda t, fn=fn: fn(t, op), rank, world, numel, dtype, op) if args.check else -1
+        tensors = [torch.zeros(numel, dtype=dtype, device=row[3]) for row in rows]
+        calls = [lambda fn=row[4], t=t: fn(t, op) for row, t in zip(rows, tensors)]
+        seconds = timed_trials(calls, args, dist.barrier, _slowest, _agree, sync)
+        for (impl, algorithm, transport, device, fn), row_seconds in zip(rows, seconds):
+            wrong = count_wrong(lambda t, fn=fn: fn(t, op), rank, world, numel, dtype, op, device) if args.check else -1
             records.append(
                 report.record(impl, algorithm, transport, world, args.dtype, args.op, size, numel, row_seconds, wrong)
             )
     progress.done()
+    return records
+
+
+def virtual_gpu_rows(args, world):
+    """Ring and central with `world` virtual ranks on one GPU (threads, a stream each), timed here.
+
+    NCCL refuses two ranks on one GPU, so on a single-GPU machine this is how the GPU ring runs.
+    """
+    dtype, op = DTYPES[args.dtype], OPS[args.op]
+    algorithms = [a for a in args.algorithms.split(",") if a]
+    local = ringreduce.LocalWorld(world, device="cuda")
+    records = []
+    for size in size_sweep(args):
+        numel = max(1, size // torch.empty((), dtype=dtype).element_size())
+        tensor_sets = [[torch.zeros(numel, dtype=dtype, device="cuda") for _ in range(world)] for _ in algorithms]
+        calls = [lambda a=a, ts=ts: local.all_reduce(ts, op, algorithm=a) for a, ts in zip(algorithms, tensor_sets)]
+        seconds = timed_trials(calls, args, _nothing, lambda t: t, lambda n: n, torch.cuda.synchronize)
+        for algorithm, row_seconds in zip(algorithms, seconds):
+            wrong = -1
+            if args.check:
+                inputs = [bench_inputs(r, world, numel, dtype, op).cuda() for r in range(world)]
+                local.all_reduce(inputs, op, algorithm=algorithm)
+                expected = expected_result(world, numel, dtype, op)
+                wrong = sum(int((t.cpu() != expected).sum()) for t in inputs)
+            records.append(report.record("ringreduce", algorithm, "local-cuda", world, args.dtype, args.op, size, numel,
+                                         row_seconds, wrong))
     return records
 
 
@@ -245,6 +293,9 @@ def bench_rank(rank, world, args):
         roof = memcpy_roof(max(size_sweep(args)))
     dist.barrier()
     records = run_sweep(args, rank, world)
+    if rank == 0 and args.gpu != "off" and torch.cuda.is_available() and not gpus_for_processes(args, world):
+        records += virtual_gpu_rows(args, world)
+    dist.barrier()
     ringreduce.destroy()
     return (records, roof) if rank == 0 else None
 
@@ -285,7 +336,9 @@ def main(argv=None):
     if result is None:  # a non-zero torchrun rank
         return
     records, roof = result
-    if not args.no_mpi and "RANK" not in os.environ:
+    if not records:
+        raise SystemExit("no rows to time: --gpu only needs a CUDA GPU, and the CPU rows were switched off")
+    if not args.no_mpi and args.gpu != "only" and "RANK" not in os.environ:
         records += peers.mpi_rows(args, size_sweep(args))
     report.print_table(records, roof, sys.stdout)
     if args.json:

@@ -2,11 +2,13 @@
 
 import atexit
 
+import torch
 import torch.distributed as dist
 
 from ringreduce import _groups
 from ringreduce._checks import algorithm_code, check_segment_bytes, check_tensor, op_code
 from ringreduce._groups import communicator
+from ringreduce._interop import as_tensor
 
 
 def all_reduce(
@@ -23,9 +25,9 @@ def all_reduce(
     """Reduce ``tensor`` across every rank of ``group``, in place, like ``torch.distributed.all_reduce``.
 
     Args:
-        tensor: CPU tensor (contiguous or not) of float32, float64, float16, bfloat16, int8,
-            uint8, int32 or int64. float16 and bfloat16 are reduced in float32 and rounded to
-            nearest even.
+        tensor: CPU or CUDA tensor (contiguous or not) of float32, float64, float16, bfloat16,
+            int8, uint8, int32 or int64; or a NumPy or CuPy array, viewed without a copy and reduced
+            in place. float16 and bfloat16 are reduced in float32 and rounded to nearest even.
         op: ``torch.distributed.ReduceOp`` SUM, AVG, MIN, MAX or PRODUCT.
         group: a ``torch.distributed`` group (None: the default group) or a ``LocalWorld`` rank.
         async_op: return a work handle (``wait()``, ``is_completed()``, ``get_future()``) instead
@@ -40,6 +42,8 @@ def all_reduce(
         None, or the work handle when ``async_op`` is true; its future's value is ``[tensor]``.
     """
     code = op_code(op)
+    if not isinstance(tensor, torch.Tensor):
+        tensor = as_tensor(tensor)
     check_tensor(tensor, code)
     comm = communicator(group, tensor, transport, algorithm)
     work = comm.all_reduce(tensor, code, algorithm_code(algorithm), check_segment_bytes(segment_bytes), root, async_op)

@@ -2,6 +2,7 @@
 
 import datetime
 
+import torch
 import torch.distributed as dist
 
 from ringreduce import _C
@@ -23,11 +24,11 @@ class LocalGroup:
     def size(self) -> int:
         return self._world.size
 
-    def communicator(self, device_type, transport):
+    def communicator(self, device, transport):
         if transport not in (None, "local"):
             raise ValueError(f"a LocalWorld group uses transport 'local', not {transport!r}")
-        if device_type != "cpu":
-            raise ValueError(f"this LocalWorld serves cpu tensors, got a {device_type} tensor")
+        if device != self._world.device:
+            raise ValueError(f"this LocalWorld holds {self._world.device} ranks, got a tensor on {device}")
         return self._world._communicators[self._rank]
 
     def __repr__(self):
@@ -37,6 +38,8 @@ class LocalGroup:
 class LocalWorld:
     """``world_size`` ranks that are threads of this process, exchanging through memory.
 
+    With ``device="cuda"`` they are virtual ranks on one GPU, each with a stream of its own: the
+    whole ring (kernels, events) runs with several ranks on a single GPU, which NCCL refuses.
     Each rank has its own engine worker, so one thread can drive every rank with ``async_op``::
 
         world = ringreduce.LocalWorld(4)
@@ -44,18 +47,25 @@ class LocalWorld:
         ringreduce.all_reduce(t, group=world.group(2))   # or rank 2, from its own thread
     """
 
-    def __init__(self, world_size: int, timeout: datetime.timedelta = DEFAULT_LOCAL_TIMEOUT):
+    def __init__(self, world_size: int, timeout: datetime.timedelta = DEFAULT_LOCAL_TIMEOUT, device="cpu"):
         if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"a LocalWorld holds cpu or cuda ranks, not {device}")
         self.size = world_size
-        self._communicators = _C.local_world(world_size, timeout.total_seconds())
+        self.device = device
+        index = device.index if device.type == "cuda" else -1
+        self._communicators = _C.local_world(world_size, timeout.total_seconds(), index)
         self.groups = [LocalGroup(self, rank) for rank in range(world_size)]
 
     def group(self, rank: int) -> LocalGroup:
         return self.groups[rank]
 
     def all_reduce(self, tensors, op=dist.ReduceOp.SUM, algorithm="ring", **kwargs) -> None:
-        """Run one all-reduce on every rank at once: ``tensors[r]`` is rank r's tensor."""
+        """Run one all-reduce on every rank at once: ``tensors[r]`` is rank r's tensor (or array)."""
         from ringreduce.collectives import all_reduce
 
         if len(tensors) != self.size:

@@ -27,7 +27,7 @@ def world2():
         (lambda: torch.ones(4, dtype=torch.int32), R.AVG, TypeError, "AVG"),
         (lambda: torch.ones(4, dtype=torch.int16), R.SUM, TypeError, "int16"),
         (lambda: torch.ones(4), R.BAND, ValueError, "BAND"),
-        (lambda: [1.0, 2.0], R.SUM, TypeError, "torch.Tensor"),
+        (lambda: [1.0, 2.0], R.SUM, TypeError, "torch.Tensor, a NumPy array or a DLPack array"),
     ],
 )
 def test_bad_arguments_raise_and_leave_the_tensor_untouched(world2, make, op, error, match):
@@ -161,3 +161,16 @@ def test_debug_info_logs_the_choice_once_per_group_and_algorithm(capfd):
     assert sum("transport shm (CPU tensor, every rank on this host" in line for line in lines) == 2, err
     assert sum("algorithm ring, transport shm" in line for line in lines) == 2, err
     assert sum("algorithm central, transport shm" in line for line in lines) == 2, err
+
+
+def test_build_has_cuda_and_nccl_where_the_toolchain_allows():
+    import os
+    import shutil
+
+    info = ringreduce.build_info()
+    buildable = torch.version.cuda is not None and shutil.which("nvcc") and os.environ.get("RINGREDUCE_CPU_ONLY") != "1"
+    if not buildable:
+        pytest.skip("no CUDA toolchain here: the build is CPU-only by design")
+    assert info["cuda"] is True
+    assert info["nccl"] and info["nccl"].count(".") == 2
+    assert {"nccl", "shm", "pg", "local"} <= set(info["transports"])

@@ -1,0 +1,47 @@
+#include "cuda_reducer.h"
+
+#include <stdexcept>
+
+#include "cuda_check.h"
+#include "reduce_kernels.h"
+
+namespace ringreduce {
+namespace cuda {
+namespace {
+
+bool is_integer(DType dtype) {
+  return dtype == DType::Int8 || dtype == DType::UInt8 || dtype == DType::Int32 || dtype == DType::Int64;
+}
+
+class CudaReducer final : public Reducer {
+ public:
+  CudaReducer(DType dtype, ReduceOp op, int world, cudaStream_t stream)
+      : Reducer(dtype), op_(op), world_(world), stream_(stream) {}
+
+  void reduce(void* dst, const void* src, std::size_t count, bool last) const override {
+    RR_CUDA_CHECK(launch_reduce(dtype(), op_, dst, src, nullptr, count, world_, last, stream_));
+  }
+
+  void reduce_copy(void* dst, const void* src, void* copy, std::size_t count, bool last) const override {
+    RR_CUDA_CHECK(launch_reduce(dtype(), op_, dst, src, copy, count, world_, last, stream_));
+  }
+
+ private:
+  ReduceOp op_;
+  int world_;
+  cudaStream_t stream_;
+};
+
+}  // namespace
+
+std::unique_ptr<Reducer> make_cuda_reducer(DType dtype, ReduceOp op, int world, cudaStream_t stream) {
+  if (op == ReduceOp::Avg && is_integer(dtype)) {
+    throw std::invalid_argument(
+        "ringreduce: ReduceOp.AVG is not defined for integer tensors (torch refuses it too); "
+        "use SUM and divide, or convert to a floating dtype");
+  }
+  return std::make_unique<CudaReducer>(dtype, op, world, stream);
+}
+
+}  // namespace cuda
+}  // namespace ringreduce

@@ -1,0 +1,13 @@
+#include "device_memory.h"
+
+#include "cuda_check.h"
+
+namespace ringreduce {
+namespace cuda {
+
+void DeviceMemory::copy(void* dst, const void* src, std::size_t bytes) {
+  if (bytes > 0) RR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, queue_.cuda_stream()));
+}
+
+}  // namespace cuda
+}  // namespace ringreduce

@@ -1,0 +1,169 @@
+"""The GPU path: kernels against torch, the ring and the central reducer on virtual ranks of one GPU,
+NCCL at world size 1, and stream ordering. Skipped where no GPU is visible."""
+
+import datetime
+import os
+import tempfile
+import threading
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import ringreduce
+from ringreduce import _C
+from reference import ALL_DTYPES, FLOAT_DTYPES, R, assert_bitwise_equal, exact_inputs, ops_for, reference
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+OP_CODES = {R.SUM: 0, R.AVG: 1, R.MIN: 2, R.MAX: 3, R.PRODUCT: 4}
+# Lengths around the 16-byte packs and the grid, plus one that spans many blocks.
+LENGTHS = [1, 7, 8, 9, 15, 16, 17, 1000, 4099, (1 << 20) + 3]
+
+
+def torch_reference(a, b, op, world, last):
+    """What the kernel must produce, computed by torch in the kernel's compute type."""
+    wide = torch.float32 if a.dtype in (torch.float16, torch.bfloat16) else a.dtype
+    x, y = a.to(wide), b.to(wide)
+    if op in (R.SUM, R.AVG):
+        out = x + y
+        if op == R.AVG and last:
+            out = out / world
+    elif op == R.PRODUCT:
+        out = x * y
+    elif op == R.MIN:
+        out = torch.minimum(x, y)
+    else:
+        out = torch.maximum(x, y)
+    return out.to(a.dtype)
+
+
+def random_pair(n, dtype, op, gen):
+    if dtype.is_floating_point:
+        a = torch.randn(n + 1, generator=gen, device="cuda").to(dtype)
+        b = torch.randn(n + 1, generator=gen, device="cuda").to(dtype)
+        a[::97] = float("nan")
+        b[5::89] = float("inf")
+        return a, b
+    info = torch.iinfo(dtype)
+    low, high = max(info.min, -(2**31)), min(info.max, 2**31 - 1)
+    a = torch.randint(low, high, (n + 1,), generator=gen, device="cuda").to(dtype)
+    b = torch.randint(low, high, (n + 1,), generator=gen, device="cuda").to(dtype)
+    return a, b
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_reduce_kernel_matches_torch_for_every_op_length_and_alignment(dtype):
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    for op in ops_for(dtype):
+        for n in LENGTHS:
+            for offset in (0, 1):  # offset 1 breaks 16-byte alignment: the scalar path
+                for last in (False, True):
+                    a, b = random_pair(n, dtype, op, gen)
+                    dst, src = a[offset : offset + n], b[offset : offset + n]
+                    expected = torch_reference(dst, src, op, 3, last)
+                    copy = torch.empty_like(dst)
+                    _C.cuda_reduce(dst, src, OP_CODES[op], 3, last, copy)
+                    context = f"{dtype} {op} n={n} offset={offset} last={last}"
+                    assert torch.equal(dst.isnan(), expected.isnan()), context
+                    finite = ~expected.isnan()
+                    assert torch.equal(dst[finite], expected[finite]), context
+                    assert torch.equal(copy.view(torch.uint8), dst.view(torch.uint8)), context
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
+@pytest.mark.parametrize("algorithm", ["ring", "central"])
+def test_ring_and_central_on_virtual_ranks_of_one_gpu(world, algorithm):
+    local = ringreduce.LocalWorld(world, timeout=datetime.timedelta(seconds=120), device="cuda")
+    for numel in sorted({0, 1, world - 1, world, 99_991, (1 << 20) + 5}):
+        for dtype in ALL_DTYPES:
+            for op in ops_for(dtype):
+                inputs = exact_inputs(world, numel, dtype, op)
+                tensors = [t.cuda() for t in inputs]
+                segment = max(1, numel * tensors[0].element_size() // world // 3) + 5
+                local.all_reduce(tensors, op=op, algorithm=algorithm, segment_bytes=segment)
+                torch.cuda.synchronize()
+                assert_bitwise_equal([t.cpu() for t in tensors], reference(inputs, op),
+                                     f"{algorithm} world={world} numel={numel} {dtype} {op}")
+
+
+def test_default_segments_and_random_floats_on_the_gpu():
+    local = ringreduce.LocalWorld(4, device="cuda")
+    gen = torch.Generator().manual_seed(11)
+    for dtype in FLOAT_DTYPES:
+        inputs = [torch.randn(3 << 20, generator=gen).to(dtype) for _ in range(4)]
+        tensors = [t.cuda() for t in inputs]
+        local.all_reduce(tensors)
+        torch.cuda.synchronize()
+        assert_bitwise_equal([t.cpu() for t in tensors], context=str(dtype))
+        expected = torch.stack([t.double() for t in inputs]).sum(0)
+        scale = torch.stack([t.double().abs() for t in inputs]).sum(0)
+        error = (tensors[0].cpu().double() - expected).abs()
+        assert (error <= 4 * torch.finfo(dtype).eps * scale + 1e-30).all(), dtype
+
+
+def test_the_collective_waits_for_the_callers_stream_and_the_caller_for_it():
+    # Virtual ranks' inputs are produced late on a side stream; the result is used on that stream
+    # right away, with no synchronize in between. Missing events would read or publish stale data.
+    local = ringreduce.LocalWorld(2, device="cuda")
+    side = torch.cuda.Stream()
+    results = []
+    with torch.cuda.stream(side):
+        tensors = [torch.zeros(1 << 22, device="cuda") for _ in range(2)]
+        torch.cuda._sleep(50_000_000)  # about 20 ms of GPU time before the inputs are written
+        for rank, t in enumerate(tensors):
+            t.fill_(rank + 1.0)
+        works = [ringreduce.all_reduce(t, group=local.group(rank), async_op=True) for rank, t in enumerate(tensors)]
+        for work, t in zip(works, tensors):
+            work.wait()  # makes the current (side) stream wait: no host synchronisation
+            results.append(t * 2)
+    torch.cuda.synchronize()
+    for result in results:
+        assert torch.equal(result, torch.full_like(result, 6.0))
+
+
+def test_blocking_calls_order_the_callers_stream_too():
+    local = ringreduce.LocalWorld(2, device="cuda")
+    results = [None, None]
+
+    def rank_body(rank):
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            t = torch.zeros(1 << 20, device="cuda")
+            torch.cuda._sleep(20_000_000)
+            t.fill_(rank + 2.0)
+            ringreduce.all_reduce(t, group=local.group(rank), op=R.AVG)
+            results[rank] = t * 2
+        stream.synchronize()
+
+    threads = [threading.Thread(target=rank_body, args=(rank,)) for rank in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    for result in results:
+        assert torch.equal(result, torch.full_like(result, 5.0))
+
+
+def test_nccl_transport_at_world_size_one():
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tmp, "store"), 1), rank=0, world_size=1)
+        try:
+            for dtype in (torch.float32, torch.bfloat16, torch.int64):
+                t = torch.arange(1000, device="cuda").to(dtype)
+                work = ringreduce.all_reduce(t, transport="nccl", async_op=True)
+                work.wait()
+                ringreduce.all_reduce(t, algorithm="central")  # transport=None picks nccl for CUDA
+                torch.cuda.synchronize()
+                assert torch.equal(t.cpu(), torch.arange(1000).to(dtype))
+            assert ringreduce.build_info()["nccl"]
+        finally:
+            ringreduce.destroy()
+            dist.destroy_process_group()
+
+
+def test_a_cuda_tensor_on_a_cpu_transport_is_refused():
+    local = ringreduce.LocalWorld(1)
+    t = torch.ones(4, device="cuda")
+    with pytest.raises(ValueError, match="cpu ranks"):
+        ringreduce.all_reduce(t, group=local.group(0))
+    assert torch.equal(t.cpu(), torch.ones(4))
