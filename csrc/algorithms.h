@@ -28,4 +28,8 @@ void ring_all_reduce(Transport& transport, const Reducer& reducer, void* data, s
 void central_all_reduce(Transport& transport, const Reducer& reducer, void* data, std::size_t numel,
                         std::size_t segment_bytes, int root);
 
+// An all-reduce of nothing still meets the neighbours: one empty message around the ring carries
+// the headers, so a rank that passed an empty tensor while others did not is caught, not left waiting.
+void agree_on_nothing(Transport& transport);
+
 }  // namespace ringreduce

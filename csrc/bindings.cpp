@@ -92,6 +92,12 @@ class StoreRendezvous final : public Rendezvous {
     const std::vector<std::uint8_t> value = store_->get(key);
     return std::string(value.begin(), value.end());
   }
+  std::string set_once(const std::string& key, const std::string& value) override {
+    const std::vector<std::uint8_t> held =
+        store_->compareSet(key, std::vector<std::uint8_t>{}, std::vector<std::uint8_t>(value.begin(), value.end()));
+    return std::string(held.begin(), held.end());
+  }
+  bool has(const std::string& key) override { return store_->check({key}); }
 
  private:
   c10::intrusive_ptr<c10d::Store> store_;
@@ -163,6 +169,30 @@ class StreamJoin {
   std::shared_ptr<void> start_;
 };
 
+// The handle of an async call. c10d's own future-wrapping Work only waits; this one also raises the
+// collective's error from wait(), as a torch.distributed Work does.
+class AllReduceWork final : public c10d::Work {
+ public:
+  explicit AllReduceWork(c10::intrusive_ptr<c10::ivalue::Future> future) : future_(std::move(future)) {}
+
+  bool isCompleted() override { return future_->completed(); }
+  bool isSuccess() const override { return future_->hasValue(); }
+  std::exception_ptr exception() const override { return future_->exception_ptr(); }
+  std::vector<at::Tensor> result() override { return future_->value().toTensorVector(); }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+  // Blocks until the collective has been queued (CPU: done), makes the current CUDA streams wait
+  // for its result, and rethrows its error.
+  bool wait(std::chrono::milliseconds timeout) override {
+    TORCH_CHECK(timeout == ::kNoTimeout, "ringreduce: Work.wait() takes no timeout; the group's timeout applies");
+    future_->waitAndThrow();
+    return true;
+  }
+
+ private:
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
 // One call's work: reduce `buffer`, then copy it into `tensor` when it is a contiguous stand-in.
 void reduce_and_write_back(Communicator& communicator, const StreamJoin& join, const AllReduceArgs& args,
                            const at::Tensor& tensor, const at::Tensor& buffer) {
@@ -214,7 +244,7 @@ py::object all_reduce(Communicator& communicator, const at::Tensor& tensor, int 
       join.on_engine_stream([&] { future->markCompleted(c10::IValue(std::vector<at::Tensor>{tensor})); });
     }
   });
-  return py::cast(c10d::Work::create_from_future(future));
+  return py::cast(c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<AllReduceWork>(future)));
 }
 
 py::list ring_schedule_py(std::size_t numel, std::size_t elem_size, int world, int rank, std::size_t segment_bytes) {
@@ -282,6 +312,7 @@ PYBIND11_MODULE(_C, m) {
   using namespace ringreduce;
   m.doc() = "ringreduce engine: ring and central all-reduce over pluggable transports";
   py::register_exception<TimeoutError>(m, "CommTimeoutError", PyExc_RuntimeError);
+  py::register_exception<MismatchError>(m, "MismatchError", PyExc_RuntimeError);
 
   py::class_<Communicator, std::shared_ptr<Communicator>>(m, "Communicator")
       .def_property_readonly("rank", &Communicator::rank)
@@ -315,11 +346,13 @@ PYBIND11_MODULE(_C, m) {
 
   m.def(
       "pg_communicator",
-      [](c10d::Backend& backend, double timeout_s) {
+      [](c10d::Backend& backend, c10d::Store& store, double timeout_s) {
         auto owned = c10::intrusive_ptr<c10d::Backend>::reclaim_copy(&backend);
-        return make_communicator(std::make_unique<ProcessGroupTransport>(std::move(owned), to_millis(timeout_s)));
+        return make_communicator(std::make_unique<ProcessGroupTransport>(
+            std::move(owned), std::make_unique<StoreRendezvous>(store), to_millis(timeout_s)));
       },
-      py::arg("backend"), py::arg("timeout_s"), "A communicator over a torch.distributed backend (e.g. gloo).");
+      py::arg("backend"), py::arg("store"), py::arg("timeout_s"),
+      "A communicator over a torch.distributed backend (e.g. gloo); `store` carries abort notices.");
 
   m.def(
       "shm_communicator",

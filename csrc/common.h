@@ -43,6 +43,46 @@ class TimeoutError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Raised on every rank when the ranks of a group disagree on a collective.
+class MismatchError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// What every rank must agree on for one collective. It travels with the first message to each
+// peer (in a slot header, a message descriptor, or a small message of its own) and is compared on
+// arrival, before any data is touched.
+struct CollectiveHeader {
+  std::uint64_t sequence = 0;  // collectives issued on this communicator before this one
+  std::uint64_t numel = 0;
+  std::int32_t root = 0;       // central reducer only
+  std::uint8_t dtype = 0;
+  std::uint8_t op = 0;
+  std::uint8_t algorithm = 0;
+  std::uint8_t pad = 0;
+
+  bool operator==(const CollectiveHeader& other) const {
+    return sequence == other.sequence && numel == other.numel && dtype == other.dtype && op == other.op &&
+           algorithm == other.algorithm && (algorithm != 1 || root == other.root);
+  }
+  bool operator!=(const CollectiveHeader& other) const { return !(*this == other); }
+};
+
+// "1000 x float32, SUM, ring (collective #5)".
+std::string describe(const CollectiveHeader& header);
+
+// The error every rank raises when `mine` (ours) and `theirs` (peer's) differ.
+[[noreturn]] void throw_mismatch(int rank, const CollectiveHeader& mine, int peer, const CollectiveHeader& theirs);
+
+// How a failed collective ended, as every rank of the group will report it.
+struct AbortNotice {
+  enum class Kind : std::uint8_t { Failure, Timeout, Mismatch };
+  Kind kind = Kind::Failure;
+  std::string message;
+  // Rethrows as the exception class the kind stands for.
+  [[noreturn]] void raise() const;
+};
+
 namespace detail {
 template <typename... Parts>
 std::string concat(const Parts&... parts) {

@@ -32,24 +32,44 @@ const Reducer& Communicator::reducer(DType dtype, ReduceOp op) {
 }
 
 void Communicator::all_reduce(const AllReduceArgs& args) {
-  if (!broken_.empty()) {
-    throw std::runtime_error("ringreduce: this group's " + std::string(transport_->name()) +
-                             " communicator failed earlier and cannot be used again: " + broken_);
+  if (!broken_.message.empty()) {
+    AbortNotice again = broken_;
+    again.message = "ringreduce: this group's " + std::string(transport_->name()) +
+                    " communicator failed earlier and cannot be used again (ringreduce.destroy(group) makes a new "
+                    "one): " + broken_.message;
+    again.raise();
   }
   const std::size_t segment_bytes =
       args.segment_bytes > 0 ? args.segment_bytes : transport_->default_segment_bytes();
   const Reducer& reducer = this->reducer(args.dtype, args.op);
+  CollectiveHeader header;
+  header.sequence = sequence_++;
+  header.numel = args.numel;
+  header.root = args.root;
+  header.dtype = static_cast<std::uint8_t>(args.dtype);
+  header.op = static_cast<std::uint8_t>(args.op);
+  header.algorithm = static_cast<std::uint8_t>(args.algorithm);
   try {
-    if (args.algorithm == Algorithm::Ring) {
+    transport_->begin_collective(header);
+    if (args.numel == 0) {
+      agree_on_nothing(*transport_);
+    } else if (args.algorithm == Algorithm::Ring) {
       ring_all_reduce(*transport_, reducer, args.data, args.numel, segment_bytes);
     } else {
       central_all_reduce(*transport_, reducer, args.data, args.numel, segment_bytes, args.root);
     }
+  } catch (const MismatchError& error) {
+    fail({AbortNotice::Kind::Mismatch, error.what()});
+  } catch (const TimeoutError& error) {
+    fail({AbortNotice::Kind::Timeout, error.what()});
   } catch (const std::exception& error) {
-    broken_ = error.what();
-    transport_->abort(broken_);
-    throw;
+    fail({AbortNotice::Kind::Failure, error.what()});
   }
+}
+
+void Communicator::fail(AbortNotice notice) {
+  broken_ = transport_->abort(notice);
+  broken_.raise();
 }
 
 }  // namespace ringreduce

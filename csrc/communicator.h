@@ -59,18 +59,21 @@ class Communicator {
   StreamContext* stream_context() const { return stream_.get(); }
 
   // Runs one all-reduce on the calling thread; call it from a job of executor(). After a failure
-  // the transport is aborted and every later call raises the first error again.
+  // the transport is aborted, every rank raises the same error, and every later call raises it again.
   void all_reduce(const AllReduceArgs& args);
 
  private:
   const Reducer& reducer(DType dtype, ReduceOp op);
+
+  [[noreturn]] void fail(AbortNotice notice);
 
   std::unique_ptr<StreamContext> stream_;
   std::unique_ptr<Transport> transport_;
   ReducerFactory make_reducer_;
   // Reducers made so far, by dtype and op: a call reuses them instead of allocating.
   std::unique_ptr<Reducer> reducers_[kDTypeCount][kReduceOpCount];
-  std::string broken_;  // why the communicator stopped, empty while healthy
+  std::uint64_t sequence_ = 0;  // collectives issued so far (travels in the headers)
+  AbortNotice broken_;          // why the communicator stopped; empty message while healthy
   // Destroyed first, so no job outlives the transport.
   OrderedExecutor executor_;
 };

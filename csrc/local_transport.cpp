@@ -11,16 +11,24 @@ LocalHub::LocalHub(int world, std::chrono::milliseconds timeout)
   RR_CHECK(world >= 1, "a local world needs at least one rank, got ", world);
 }
 
-void LocalHub::abort(const std::string& reason) {
+AbortNotice LocalHub::abort(const AbortNotice& notice) {
+  AbortNotice first;
   {
-    std::lock_guard<std::mutex> lock(reason_mutex_);
-    if (abort_reason_.empty()) abort_reason_ = reason;
+    std::lock_guard<std::mutex> lock(notice_mutex_);
+    if (first_notice_.message.empty()) first_notice_ = notice;
+    first = first_notice_;
   }
   aborted_ = true;
   for (Channel& channel : channels_) {
     std::lock_guard<std::mutex> lock(channel.mutex);
     channel.changed.notify_all();
   }
+  return first;
+}
+
+AbortNotice LocalHub::first_notice() {
+  std::lock_guard<std::mutex> lock(notice_mutex_);
+  return first_notice_;
 }
 
 LocalTransport::LocalTransport(std::shared_ptr<LocalHub> hub, int rank, std::unique_ptr<LocalMemory> memory)
@@ -48,9 +56,10 @@ void LocalTransport::withdraw_sends() {
   }
 }
 
-void LocalTransport::abort_transfers(const std::string& reason) {
-  hub_->abort(reason);
+AbortNotice LocalTransport::abort_transfers(const AbortNotice& notice) {
+  const AbortNotice first = hub_->abort(notice);
   withdraw_sends();
+  return first;
 }
 
 Request LocalTransport::add(Pending pending) {
@@ -66,7 +75,7 @@ Request LocalTransport::isend(int peer, const void* data, std::size_t bytes) {
   {
     std::lock_guard<std::mutex> lock(channel.mutex);
     sequence = channel.sent++;
-    channel.messages.emplace(sequence, LocalHub::Message{data, bytes, std::move(ready), nullptr});
+    channel.messages.emplace(sequence, LocalHub::Message{data, bytes, header_, std::move(ready), nullptr});
   }
   channel.changed.notify_all();
   return add(Pending{true, peer, sequence});
@@ -94,24 +103,49 @@ void LocalTransport::complete(Request request) {
 
 void LocalTransport::fail_waiting(const Pending& pending) {
   withdraw_sends();
-  if (hub_->aborted_) {
-    std::lock_guard<std::mutex> lock(hub_->reason_mutex_);
-    throw std::runtime_error("ringreduce: local group aborted: " + hub_->abort_reason_);
-  }
+  if (hub_->aborted_) hub_->first_notice().raise();
   const std::string what = pending.is_send ? "to take message " : "to send message ";
   throw TimeoutError(detail::concat("ringreduce: local rank ", rank_, " waited ", hub_->timeout().count(),
                                     " ms for rank ", pending.peer, " ", what, pending.sequence,
                                     "; is that rank still running the same collectives?"));
 }
 
-void LocalTransport::wait_send(const Pending& pending) {
-  LocalHub::Channel& channel = hub_->channel(rank_, pending.peer);
-  std::unique_lock<std::mutex> lock(channel.mutex);
-  auto done = [&] { return channel.messages.at(pending.sequence).state == LocalHub::State::Done || hub_->aborted_; };
-  if (!channel.changed.wait_for(lock, hub_->timeout(), done) || hub_->aborted_) {
+void LocalTransport::wait_until(LocalHub::Channel& channel, std::unique_lock<std::mutex>& lock,
+                                const std::function<bool()>& ready, const Pending& pending) {
+  const auto deadline = std::chrono::steady_clock::now() + hub_->timeout();
+  for (;;) {
+    if (channel.changed.wait_for(lock, kPeekInterval, [&] { return ready() || hub_->aborted_; })) break;
+    // Nothing yet: a message from another peer may show that the ranks disagree on this call.
+    lock.unlock();
+    for (int peer = 0; peer < hub_->world(); ++peer) {
+      if (peer != rank_) check_waiting_header(peer);
+    }
+    lock.lock();
+    if (std::chrono::steady_clock::now() >= deadline) break;
+  }
+  if (!ready() || hub_->aborted_) {
     lock.unlock();
     fail_waiting(pending);
   }
+}
+
+void LocalTransport::check_waiting_header(int peer) {
+  // The oldest message from `peer` that we have not taken. If it belongs to this call (or an earlier
+  // one, which we have finished), its header must match ours; later calls are a peer running ahead.
+  LocalHub::Channel& channel = hub_->channel(peer, rank_);
+  std::lock_guard<std::mutex> lock(channel.mutex);
+  for (const auto& entry : channel.messages) {
+    if (entry.first < recv_sequence_[peer] || entry.second.state != LocalHub::State::Posted) continue;
+    if (entry.second.header.sequence <= header_.sequence) check_header(peer, entry.second.header);
+    return;
+  }
+}
+
+void LocalTransport::wait_send(const Pending& pending) {
+  LocalHub::Channel& channel = hub_->channel(rank_, pending.peer);
+  std::unique_lock<std::mutex> lock(channel.mutex);
+  wait_until(channel, lock, [&] { return channel.messages.at(pending.sequence).state == LocalHub::State::Done; },
+             pending);
   auto consumed = std::move(channel.messages.find(pending.sequence)->second.consumed);
   channel.messages.erase(pending.sequence);
   lock.unlock();
@@ -122,12 +156,9 @@ void LocalTransport::wait_send(const Pending& pending) {
 void LocalTransport::wait_recv(const Pending& pending) {
   LocalHub::Channel& channel = hub_->channel(pending.peer, rank_);
   std::unique_lock<std::mutex> lock(channel.mutex);
-  auto posted = [&] { return channel.messages.count(pending.sequence) > 0 || hub_->aborted_; };
-  if (!channel.changed.wait_for(lock, hub_->timeout(), posted) || hub_->aborted_) {
-    lock.unlock();
-    fail_waiting(pending);
-  }
+  wait_until(channel, lock, [&] { return channel.messages.count(pending.sequence) > 0; }, pending);
   LocalHub::Message& message = channel.messages.find(pending.sequence)->second;
+  check_header(pending.peer, message.header);
   RR_CHECK(message.bytes == pending.bytes, "local rank ", rank_, " expected ", pending.bytes,
            " bytes from rank ", pending.peer, " but it sent ", message.bytes);
   message.state = LocalHub::State::Taken;

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -14,6 +15,11 @@
 #include "transport.h"
 
 namespace ringreduce {
+
+// While a local rank waits, it looks this often at what other peers have sent, to catch ranks that
+// disagree on a call before the timeout; short enough to report within a blink, long enough to cost
+// nothing while ranks make progress.
+constexpr std::chrono::milliseconds kPeekInterval{20};
 
 // Segment size of the local transport. A receiver reads straight from the sender's memory, so a
 // segment only sets how often ranks hand over: 256 KiB keeps a segment in the 1 MiB L2 of this
@@ -46,8 +52,9 @@ class LocalHub {
   int world() const { return world_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
 
-  // Stops every rank's transfers with an error that names the reason.
-  void abort(const std::string& reason);
+  // Stops every rank's transfers; every rank then raises the first notice given.
+  AbortNotice abort(const AbortNotice& notice);
+  AbortNotice first_notice();
 
  private:
   friend class LocalTransport;
@@ -55,6 +62,7 @@ class LocalHub {
   struct Message {
     const void* data;
     std::size_t bytes;
+    CollectiveHeader header;
     std::shared_ptr<void> ready;     // sender's marker: the data is written
     std::shared_ptr<void> consumed;  // receiver's marker: the data has been read
     State state = State::Posted;
@@ -71,8 +79,8 @@ class LocalHub {
   const std::chrono::milliseconds timeout_;
   std::vector<Channel> channels_;
   std::atomic<bool> aborted_{false};
-  std::mutex reason_mutex_;
-  std::string abort_reason_;
+  std::mutex notice_mutex_;
+  AbortNotice first_notice_;
 };
 
 class LocalTransport final : public Transport {
@@ -91,7 +99,7 @@ class LocalTransport final : public Transport {
 
  protected:
   void complete(Request request) override;
-  void abort_transfers(const std::string& reason) override;
+  AbortNotice abort_transfers(const AbortNotice& notice) override;
 
  private:
   struct Pending {
@@ -107,6 +115,10 @@ class LocalTransport final : public Transport {
   void wait_send(const Pending& pending);
   void wait_recv(const Pending& pending);
   [[noreturn]] void fail_waiting(const Pending& pending);
+  // Waits (up to the timeout) until `ready`, peeking at other peers' messages now and then.
+  void wait_until(LocalHub::Channel& channel, std::unique_lock<std::mutex>& lock, const std::function<bool()>& ready,
+                  const Pending& pending);
+  void check_waiting_header(int peer);
   void withdraw_sends();
 
   std::shared_ptr<LocalHub> hub_;

@@ -7,7 +7,9 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <chrono>
+#include <memory>
 
+#include "rendezvous.h"
 #include "transport.h"
 
 namespace ringreduce {
@@ -17,19 +19,27 @@ namespace ringreduce {
 // busbw against 0.4-0.5 at 256 KiB and 0.8-1.0 at 1 MiB (benchmarks/RESULTS.md).
 constexpr std::size_t kProcessGroupSegmentBytes = 4 << 20;
 
+// Each collective starts with a header round: every rank sends its header to the next rank and
+// compares the previous rank's. When every neighbour agrees, all ranks agree, whatever the
+// algorithm; and no data receive is posted before the sizes are known to match (gloo aborts the
+// whole process when a message is longer than the buffer posted for it). Aborts are published in
+// the group's store and the backend is dropped, which closes its connections and wakes every peer.
 class ProcessGroupTransport final : public MessageTransport {
  public:
-  ProcessGroupTransport(c10::intrusive_ptr<c10d::Backend> backend, std::chrono::milliseconds timeout);
+  ProcessGroupTransport(c10::intrusive_ptr<c10d::Backend> backend, std::unique_ptr<Rendezvous> notices,
+                        std::chrono::milliseconds timeout);
 
-  int rank() const override { return backend_->getRank(); }
-  int size() const override { return backend_->getSize(); }
+  int rank() const override { return rank_; }
+  int size() const override { return world_; }
   const char* name() const override { return "pg"; }
   std::size_t default_segment_bytes() const override { return kProcessGroupSegmentBytes; }
 
+  void begin_collective(const CollectiveHeader& header) override;
   Request isend(int peer, const void* data, std::size_t bytes) override;
   Request irecv(int peer, void* data, std::size_t bytes) override;
+
  protected:
-  void abort_transfers(const std::string& reason) override;
+  AbortNotice abort_transfers(const AbortNotice& notice) override;
   void wait_transfer(Request request) override;
 
  private:
@@ -40,8 +50,12 @@ class ProcessGroupTransport final : public MessageTransport {
     bool is_send;
   };
   Request post(int peer, void* data, std::size_t bytes, bool is_send);
+  void wait_work(Pending& pending);
 
   c10::intrusive_ptr<c10d::Backend> backend_;
+  std::unique_ptr<Rendezvous> notices_;
+  const int rank_;
+  const int world_;
   std::chrono::milliseconds timeout_;
   std::vector<int> send_tags_, recv_tags_;  // per peer: messages are told apart by tag
   std::unordered_map<std::int64_t, Pending> pending_;

@@ -12,6 +12,10 @@ class Rendezvous {
   virtual void set(const std::string& key, const std::string& value) = 0;
   // Blocks until the key is set, up to the store's timeout.
   virtual std::string get(const std::string& key) = 0;
+  // Sets the key unless it is set already; returns the value it holds afterwards (the first one).
+  virtual std::string set_once(const std::string& key, const std::string& value) = 0;
+  // Whether the key is set, without waiting.
+  virtual bool has(const std::string& key) = 0;
 };
 
 }  // namespace ringreduce

@@ -47,4 +47,13 @@ void ring_all_reduce(Transport& transport, const Reducer& reducer, void* data, s
   transport.flush();
 }
 
+void agree_on_nothing(Transport& transport) {
+  const int world = transport.size();
+  if (world == 1) return;
+  const int rank = transport.rank();
+  const Request sent = transport.isend((rank + 1) % world, nullptr, 0);
+  transport.wait(transport.irecv((rank + world - 1) % world, nullptr, 0));
+  transport.wait(sent);
+}
+
 }  // namespace ringreduce

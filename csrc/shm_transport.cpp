@@ -29,7 +29,7 @@ namespace {
 
 constexpr std::uint64_t kMagic = 0x72696e6772656431ULL;  // "ringred1"
 constexpr std::size_t kPageBytes = 4096;
-constexpr std::size_t kAbortReasonBytes = 512;
+constexpr std::size_t kAbortReasonBytes = 1024;  // room for a mismatch message naming both calls
 // Segment names start with this, then the creating pid: leftovers of dead jobs are recognisable.
 constexpr const char* kNamePrefix = "ringreduce-";
 // While ranks do not outnumber cores, a waiting rank polls this long before it sleeps: a peer on
@@ -47,8 +47,11 @@ struct alignas(64) Header {
   std::uint64_t pid_namespace;  // pids are comparable only inside one pid namespace
   alignas(64) std::atomic<std::uint32_t> doorbell;  // bumped by a peer after it posts to or consumes from us
   alignas(64) std::atomic<std::uint32_t> sleeping;  // we are (about to be) in futex_wait on the doorbell
-  alignas(64) std::atomic<std::uint32_t> aborted;
+  alignas(64) std::atomic<std::uint32_t> aborted;  // set after abort_kind and abort_reason are written
+  std::uint8_t abort_kind;
   char abort_reason[kAbortReasonBytes];
+  // Only rank 0's is used: the first rank of the group to abort, whose notice every rank reports.
+  alignas(64) std::atomic<std::int32_t> abort_owner;
 };
 
 // The sender's side of a channel, in the sender's segment.
@@ -61,7 +64,8 @@ struct alignas(64) Channel {
 
 // The line in front of each slot's data, written by the sender before it posts the piece.
 struct alignas(64) SlotHeader {
-  std::uint64_t bytes;  // size of the piece
+  std::uint64_t bytes;      // size of the piece
+  CollectiveHeader header;  // the collective it belongs to, checked by the receiver first
 };
 static_assert(sizeof(SlotHeader) == kShmSlotHeaderBytes, "slot data must stay 64-byte aligned");
 
@@ -205,6 +209,7 @@ ShmTransport::ShmTransport(Rendezvous& rendezvous, int rank, int world, std::chr
   header->rank = static_cast<std::uint32_t>(rank);
   header->pid = ::getpid();
   header->pid_namespace = own_pid_namespace();
+  header->abort_owner.store(-1);
   for (int dst = 0; dst < world; ++dst) new (segments_[rank]->channel(dst)) Channel{};
 
   // Publish our segment, map every peer's, and remove the names once all are mapped: from then on
@@ -272,6 +277,7 @@ bool ShmTransport::push_sends(int peer) {
       const std::size_t piece = std::min(kShmSlotBytes, op.bytes - op.done);
       SlotHeader* slot = segments_[rank_]->slot(world_, peer, posted);
       slot->bytes = piece;
+      slot->header = header_;
       std::memcpy(slot + 1, op.data + op.done, piece);
       channel->posted.store(posted + 1, std::memory_order_release);
       ring(peer);
@@ -294,6 +300,7 @@ bool ShmTransport::pull_recvs(int peer, std::uint64_t through_sequence) {
       const std::uint64_t consumed = channel->consumed.load(std::memory_order_relaxed);
       if (channel->posted.load(std::memory_order_acquire) == consumed) return progressed;
       const SlotHeader* slot = theirs.slot(world_, rank_, consumed);
+      check_header(peer, slot->header);
       const std::size_t piece = slot->bytes;
       const std::size_t expected = std::min(kShmSlotBytes, op.bytes - op.done);
       if (piece != expected) {
@@ -321,6 +328,7 @@ void ShmTransport::take_piece(RecvOp& op, const char* source, std::size_t piece)
       // Fusion: the result goes to our buffer and to the next rank's slot in the same pass.
       SlotHeader* slot = segments_[rank_]->slot(world_, op.forward_to, posted);
       slot->bytes = piece;
+      slot->header = header_;
       char* slot_data = reinterpret_cast<char*>(slot + 1);
       if (op.reducer != nullptr) {
         op.reducer->reduce_copy(dst, source, slot_data, count, op.last);
@@ -413,10 +421,8 @@ void ShmTransport::idle(std::uint32_t doorbell_seen, const std::atomic<std::uint
   for (int other = 0; other < world_; ++other) {
     if (other == rank_) continue;
     const Header* theirs = segments_[other]->header();
-    if (theirs->aborted.load(std::memory_order_acquire) != 0) {
-      fail(detail::concat("rank ", other, " aborted: ",
-                          std::string(theirs->abort_reason, strnlen(theirs->abort_reason, kAbortReasonBytes))));
-    }
+    if (theirs->aborted.load(std::memory_order_acquire) != 0) group_notice().raise();
+    check_waiting_header(other);
     if (theirs->pid_namespace == own->pid_namespace && process_gone(theirs->pid)) {
       fail(detail::concat("rank ", other, " (pid ", theirs->pid, ") exited while rank ", rank_, " was waiting to ",
                           doing, " rank ", peer));
@@ -429,19 +435,48 @@ void ShmTransport::idle(std::uint32_t doorbell_seen, const std::atomic<std::uint
   }
 }
 
+void ShmTransport::check_waiting_header(int peer) const {
+  // A piece that arrived from a peer we are not waiting for yet: if it belongs to this collective
+  // (or an earlier one, which we have finished), its header must match ours. Pieces of later
+  // collectives are a peer running ahead, which is fine.
+  const Segment& theirs = *segments_[peer];
+  const Channel* channel = theirs.channel(rank_);
+  const std::uint64_t consumed = channel->consumed.load(std::memory_order_relaxed);
+  if (channel->posted.load(std::memory_order_acquire) == consumed) return;
+  const CollectiveHeader& header = theirs.slot(world_, rank_, consumed)->header;
+  if (header.sequence <= header_.sequence) check_header(peer, header);
+}
+
 void ShmTransport::fail(const std::string& what) { throw std::runtime_error("ringreduce: shm: " + what); }
 
-void ShmTransport::abort_transfers(const std::string& reason) {
+AbortNotice ShmTransport::abort_transfers(const AbortNotice& notice) {
   Header* own = segments_[rank_]->header();
+  std::int32_t nobody = -1;
+  segments_[0]->header()->abort_owner.compare_exchange_strong(nobody, rank_);
   if (own->aborted.load(std::memory_order_relaxed) == 0) {
-    std::strncpy(own->abort_reason, reason.c_str(), kAbortReasonBytes - 1);
-    own->aborted.store(1, std::memory_order_release);  // after the reason, which peers then read
+    own->abort_kind = static_cast<std::uint8_t>(notice.kind);
+    std::strncpy(own->abort_reason, notice.message.c_str(), kAbortReasonBytes - 1);
+    own->aborted.store(1, std::memory_order_release);  // after the notice, which peers then read
   }
   for (int peer = 0; peer < world_; ++peer) {
     if (peer != rank_) ring(peer);
   }
   for (auto& queue : sends_) queue.clear();
   for (auto& queue : recvs_) queue.clear();
+  return group_notice();
+}
+
+AbortNotice ShmTransport::group_notice() const {
+  // The first rank to abort took ownership before writing its notice: wait (briefly) until it is there.
+  const std::int32_t owner = segments_[0]->header()->abort_owner.load(std::memory_order_acquire);
+  const Header* first = segments_[owner < 0 ? rank_ : owner]->header();
+  const auto give_up = std::chrono::steady_clock::now() + kLivenessPoll;
+  while (first->aborted.load(std::memory_order_acquire) == 0 && std::chrono::steady_clock::now() < give_up) cpu_relax();
+  if (first->aborted.load(std::memory_order_acquire) == 0) {
+    return {AbortNotice::Kind::Failure, detail::concat("ringreduce: shm: rank ", owner, " aborted without a reason")};
+  }
+  return {static_cast<AbortNotice::Kind>(first->abort_kind),
+          std::string(first->abort_reason, strnlen(first->abort_reason, kAbortReasonBytes))};
 }
 
 }  // namespace ringreduce

@@ -56,7 +56,7 @@ class ShmTransport final : public Transport {
 
  protected:
   void complete(Request request) override;
-  void abort_transfers(const std::string& reason) override;
+  AbortNotice abort_transfers(const AbortNotice& notice) override;
 
  private:
   struct SendOp {
@@ -87,6 +87,10 @@ class ShmTransport final : public Transport {
   bool push_all_sends();
   void ring(int peer);
   [[noreturn]] void fail(const std::string& what);
+  // Raises MismatchError if the next piece waiting from `peer` belongs to a different call.
+  void check_waiting_header(int peer) const;
+  // The notice of the group's first rank to abort.
+  AbortNotice group_notice() const;
 
   int rank_;
   int world_;

@@ -57,10 +57,10 @@ void Transport::flush() {
   for (Request send : sends) complete(send);
 }
 
-void Transport::abort(const std::string& reason) {
+AbortNotice Transport::abort(const AbortNotice& notice) {
   forwards_.clear();
   forwarded_sends_.clear();
-  abort_transfers(reason);
+  return abort_transfers(notice);
 }
 
 void MessageTransport::complete(Request request) {

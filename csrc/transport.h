@@ -59,18 +59,29 @@ class Transport {
   // Block (or, on a device, order the stream) until the request is complete.
   void wait(Request request);
 
+  // The collective the next transfers belong to. Transports send the header with the first
+  // message to each peer and compare what arrives (check_header) before touching any data.
+  virtual void begin_collective(const CollectiveHeader& header) { header_ = header; }
+
   // Wait for every send that irecv_forward() started.
   virtual void flush();
 
-  // After a failure: make the peers fail fast instead of waiting out their timeout, and stop
-  // touching the caller's buffers. The transport is unusable afterwards.
-  void abort(const std::string& reason);
+  // After a failure: make the peers fail fast with the same notice instead of waiting out their
+  // timeout, and stop touching the caller's buffers. Returns the notice the whole group reports
+  // (the first rank to abort wins). The transport is unusable afterwards.
+  AbortNotice abort(const AbortNotice& notice);
 
  protected:
   // Complete one request of this transport (wait() adds the forwarding).
   virtual void complete(Request request) = 0;
-  // The transport's part of abort().
-  virtual void abort_transfers(const std::string& reason) = 0;
+  // The transport's part of abort(): tell the peers, and return the group's first notice.
+  virtual AbortNotice abort_transfers(const AbortNotice& notice) = 0;
+  // Throws MismatchError when a peer's header differs from ours.
+  void check_header(int peer, const CollectiveHeader& theirs) const {
+    if (theirs != header_) throw_mismatch(rank(), header_, peer, theirs);
+  }
+
+  CollectiveHeader header_;
 
  private:
   struct Forward {

@@ -8,7 +8,7 @@
 import torch  # noqa: F401  (loads libtorch before the extension)
 
 from ringreduce import hooks
-from ringreduce._C import CommTimeoutError
+from ringreduce._C import CommTimeoutError, MismatchError
 from ringreduce.collectives import all_reduce, destroy
 from ringreduce.info import build_info
 from ringreduce.local import LocalGroup, LocalWorld
@@ -19,6 +19,7 @@ __all__ = [
     "CommTimeoutError",
     "LocalGroup",
     "LocalWorld",
+    "MismatchError",
     "all_reduce",
     "build_info",
     "destroy",

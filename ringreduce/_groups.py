@@ -88,7 +88,7 @@ class _GroupState:
             return _C.shm_communicator(store, self.rank, self.size, timeout_s)
         # A private gloo group: ring messages never interleave with the user's own collectives.
         backend = dist.ProcessGroupGloo(store, self.rank, self.size, datetime.timedelta(seconds=timeout_s))
-        return _C.pg_communicator(backend, timeout_s)
+        return _C.pg_communicator(backend, store, timeout_s)
 
     def choose(self, device_type):
         """Automatic transport choice: (name, reason)."""

@@ -12,6 +12,14 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.timeout(DEFAULT_TEST_TIMEOUT_S))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_shared_memory_left_behind():
+    """After the whole suite, killed ranks included, no ringreduce segment may remain in /dev/shm."""
+    yield
+    leftovers = [name for name in os.listdir("/dev/shm") if name.startswith("ringreduce-")]
+    assert not leftovers, f"shared-memory segments left behind: {leftovers}"
+
+
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch):
     """Tests start without ringreduce settings from the caller's shell."""

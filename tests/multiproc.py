@@ -24,8 +24,11 @@ def _entry(rank, world, store_path, fn, args, results, env):
             dist.destroy_process_group()
 
 
-def run_ranks(world, fn, *args, timeout=DEFAULT_RANKS_TIMEOUT_S, env=None):
-    """Return [fn(rank, world, *args) for each rank]; raise with the ranks' tracebacks on failure."""
+def run_ranks(world, fn, *args, timeout=DEFAULT_RANKS_TIMEOUT_S, env=None, dying=()):
+    """Return [fn(rank, world, *args) for each rank]; raise with the ranks' tracebacks on failure.
+
+    Ranks in `dying` are expected to kill themselves: their entry in the result is their exit code.
+    """
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
@@ -38,7 +41,7 @@ def run_ranks(world, fn, *args, timeout=DEFAULT_RANKS_TIMEOUT_S, env=None):
             proc.start()
         outcomes = {}
         try:
-            for _ in range(world):
+            for _ in range(world - len(dying)):
                 rank, ok, value = results.get(timeout=timeout)
                 outcomes[rank] = (ok, value)
         except Exception as error:  # queue.Empty: somebody hung or died
@@ -46,9 +49,11 @@ def run_ranks(world, fn, *args, timeout=DEFAULT_RANKS_TIMEOUT_S, env=None):
         finally:
             for proc in procs:
                 proc.join(timeout=30)
-                if proc.is_alive():
+                if proc.is_alive():  # nothing may be left behind, hung or not
                     proc.kill()
                     proc.join()
+        for rank in dying:
+            outcomes[rank] = (True, procs[rank].exitcode)
     failures = [f"rank {r}:\n{v}" for r, (ok, v) in sorted(outcomes.items()) if not ok]
     if failures:
         raise AssertionError("\n".join(failures))

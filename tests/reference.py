@@ -66,8 +66,7 @@ def assert_bitwise_equal(results, expected=None, context=""):
     first = results[0]
     for rank, result in enumerate(results):
         assert result.dtype == first.dtype and result.shape == first.shape, context
-        assert torch.equal(result.view(torch.uint8) if result.numel() else result,
-                           first.view(torch.uint8) if first.numel() else first), (
+        assert torch.equal(result.reshape(-1).view(torch.uint8), first.reshape(-1).view(torch.uint8)), (
             f"{context}: rank {rank} differs from rank 0"
         )
     if expected is not None:

@@ -124,10 +124,11 @@ std::shared_ptr<void> NcclTransport::allocate_staging(std::size_t bytes) {
   return std::shared_ptr<void>(memory, [](void* p) { cudaFree(p); });
 }
 
-void NcclTransport::abort_transfers(const std::string& /*reason*/) {
+AbortNotice NcclTransport::abort_transfers(const AbortNotice& notice) {
   transfers_.clear();
   if (comm_ != nullptr) ncclCommAbort(comm_);
   comm_ = nullptr;
+  return notice;
 }
 
 }  // namespace cuda

@@ -43,7 +43,9 @@ class NcclTransport final : public MessageTransport {
  protected:
   void wait_transfer(Request request) override;
   std::shared_ptr<void> allocate_staging(std::size_t bytes) override;
-  void abort_transfers(const std::string& reason) override;
+  // NCCL headers are not compared (that would need the host to read device memory, and the host
+  // never blocks for the GPU); the notice stays local to this rank.
+  AbortNotice abort_transfers(const AbortNotice& notice) override;
 
  private:
   struct Transfer {

@@ -1,0 +1,168 @@
+"""Bad input, disagreeing ranks, dead peers and long runs: clear errors, never hangs or lost data."""
+
+import datetime
+import gc
+import os
+import resource
+import signal
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import ringreduce
+from multiproc import run_ranks
+from reference import R
+
+# A timeout far above what any check here may take, so that passing within seconds proves the
+# error came from detection and not from the timeout.
+GENEROUS_TIMEOUT_S = "60"
+DETECTION_BUDGET_S = 10.0
+
+MISMATCHES = {
+    "numel": lambda rank: (torch.ones(1000 - (rank == 1)), {}),
+    "dtype": lambda rank: (torch.ones(1000, dtype=torch.float64 if rank == 2 else torch.float32), {}),
+    "op": lambda rank: (torch.ones(1000), {"op": R.MAX if rank == 1 else R.SUM}),
+    "algorithm": lambda rank: (torch.ones(1000), {"algorithm": "central" if rank == 0 else "ring"}),
+    "empty": lambda rank: (torch.ones(0 if rank == 2 else 1000), {}),
+}
+
+
+def _disagree(rank, world, transport, case):
+    tensor, kwargs = MISMATCHES[case](rank)
+    ringreduce.all_reduce(torch.ones(100), transport=transport)  # a good call first
+    start = time.monotonic()
+    try:
+        ringreduce.all_reduce(tensor, transport=transport, **kwargs)
+    except ringreduce.MismatchError as error:
+        message = str(error)
+    else:
+        message = None
+    elapsed = time.monotonic() - start
+    # The communicator stays refused afterwards, with the same reason.
+    with pytest.raises(ringreduce.MismatchError, match="failed earlier"):
+        ringreduce.all_reduce(torch.ones(100), transport=transport)
+    return message, elapsed
+
+
+@pytest.mark.parametrize("transport", ["shm", "pg"])
+@pytest.mark.parametrize("case", sorted(MISMATCHES))
+def test_disagreeing_ranks_all_raise_the_same_error_within_seconds(transport, case):
+    results = run_ranks(3, _disagree, transport, case, env={"RINGREDUCE_TIMEOUT": GENEROUS_TIMEOUT_S})
+    messages = {message for message, _ in results}
+    assert len(messages) == 1 and None not in messages, results
+    message = messages.pop()
+    assert "disagree" in message and message.count(" has ") == 2  # names both calls
+    assert all(elapsed < DETECTION_BUDGET_S for _, elapsed in results), results
+
+
+def test_disagreeing_local_ranks_raise_the_same_error():
+    world = ringreduce.LocalWorld(3, timeout=datetime.timedelta(seconds=60))
+    tensors = [torch.ones(1000), torch.ones(999), torch.ones(1000)]
+    works = [ringreduce.all_reduce(t, group=g, async_op=True) for t, g in zip(tensors, world.groups)]
+    messages = []
+    start = time.monotonic()
+    for work in works:
+        with pytest.raises(ringreduce.MismatchError) as info:
+            work.wait()
+        messages.append(str(info.value))
+    assert time.monotonic() - start < DETECTION_BUDGET_S
+    assert len(set(messages)) == 1 and "999 x float32" in messages[0] and "1000 x float32" in messages[0]
+
+
+def _die_midway(rank, world, transport):
+    tensor = torch.ones(4 << 20)
+    ringreduce.all_reduce(tensor, transport=transport)  # everyone is connected
+    if rank == 2:
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    start = time.monotonic()
+    try:
+        while time.monotonic() - start < 120:
+            ringreduce.all_reduce(tensor, transport=transport)
+    except RuntimeError as error:
+        return str(error), time.monotonic() - start
+    return None, time.monotonic() - start
+
+
+@pytest.mark.parametrize("transport", ["shm", "pg"])
+def test_a_killed_rank_makes_every_other_rank_raise(transport):
+    timeout_s = 20
+    results = run_ranks(3, _die_midway, transport, dying={2}, env={"RINGREDUCE_TIMEOUT": str(timeout_s)})
+    assert results[2] == -signal.SIGKILL
+    for message, elapsed in results[:2]:
+        assert message is not None, "a survivor finished its loop without an error"
+        assert elapsed < timeout_s + 5, (message, elapsed)
+    assert not leftover_segments()
+
+
+def leftover_segments():
+    return sorted(name for name in os.listdir("/dev/shm") if name.startswith("ringreduce-"))
+
+
+def _many_in_flight(rank, world):
+    tensors = [torch.full((257 + 1000 * (i % 5),), float(i + rank)) for i in range(64)]
+    order = []
+    works = []
+    for i, tensor in enumerate(tensors):
+        work = ringreduce.all_reduce(tensor, async_op=True)
+        works.append(work.get_future().then(lambda fut, i=i: order.append(i)))
+    for work in works:
+        work.wait()
+    correct = all(torch.equal(t, torch.full_like(t, float(world * i + sum(range(world))))) for i, t in enumerate(tensors))
+    return order == list(range(64)), correct
+
+
+def test_64_async_all_reduces_complete_in_issue_order():
+    assert all(in_order and correct for in_order, correct in run_ranks(2, _many_in_flight))
+
+
+def _back_to_back(rank, world, calls):
+    tensor = torch.full((1024,), float(rank))  # 4 KiB
+    batch = calls // 5
+    for _ in range(batch):  # warm-up: buffers, reducers and caches settle
+        ringreduce.all_reduce(tensor, op=R.MAX)
+    gc.collect()
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    batch_seconds = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(batch):
+            ringreduce.all_reduce(tensor, op=R.MAX)
+        batch_seconds.append(time.perf_counter() - start)
+    gc.collect()
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before
+    return grown_kib, batch_seconds, tensor.sum().item()
+
+
+def test_ten_thousand_small_all_reduces_neither_leak_nor_slow_down():
+    for grown_kib, batch_seconds, total in run_ranks(2, _back_to_back, 10_000):
+        assert total == 1024.0 * (2 - 1)  # MAX of rank 0's zeros and rank 1's ones
+        assert grown_kib < 16 * 1024, f"peak memory grew by {grown_kib} KiB"
+        # Loose bound: the machine is shared, but a leak of work per call would grow without limit.
+        assert min(batch_seconds[-2:]) < 3 * min(batch_seconds[:2]) + 0.05, batch_seconds
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int32, torch.int64])
+def test_integer_sums_and_products_wrap_like_torch(dtype):
+    info = torch.iinfo(dtype)
+    world = ringreduce.LocalWorld(3)
+    values = [torch.tensor([info.max, info.min, info.max // 2 + 1, -1 if info.min < 0 else 7], dtype=dtype) for _ in range(3)]
+    for op, combine in ((R.SUM, torch.add), (R.PRODUCT, torch.mul)):
+        tensors = [v.clone() for v in values]
+        world.all_reduce(tensors, op=op)
+        expected = combine(combine(values[0], values[1]), values[2])  # torch's own wrapping arithmetic
+        assert all(torch.equal(t, expected) for t in tensors), (dtype, op, tensors[0], expected)
+
+
+def test_a_cpu_tensor_is_refused_by_a_gpu_transport_and_left_untouched():
+    if "nccl" not in ringreduce.build_info()["transports"]:
+        pytest.skip("this build has no GPU transport")
+    world = ringreduce.LocalWorld(2)
+    tensor = torch.arange(4.0)
+    with pytest.raises(ValueError, match="cannot serve a cpu tensor"):
+        ringreduce.all_reduce(tensor, transport="nccl")
+    with pytest.raises(ValueError, match="LocalWorld group uses transport 'local'"):
+        ringreduce.all_reduce(tensor, group=world.group(0), transport="nccl")
+    assert torch.equal(tensor, torch.arange(4.0))
