@@ -50,7 +50,8 @@ void Communicator::all_reduce(const AllReduceArgs& args) {
   header.op = static_cast<std::uint8_t>(args.op);
   header.algorithm = static_cast<std::uint8_t>(args.algorithm);
   try {
-    transport_->begin_collective(header);
+    const char* check = std::getenv(kCheckCallsEnv);
+    transport_->begin_collective(header, check == nullptr || std::string(check) != "0");
     if (args.numel == 0) {
       agree_on_nothing(*transport_);
     } else if (args.algorithm == Algorithm::Ring) {

@@ -15,6 +15,8 @@ namespace ringreduce {
 
 // Overrides every transport's default segment size (Transport::default_segment_bytes()).
 constexpr const char* kSegmentBytesEnv = "RINGREDUCE_SEGMENT_BYTES";
+// "0" turns off the comparison of each call across ranks (every rank must agree on it).
+constexpr const char* kCheckCallsEnv = "RINGREDUCE_CHECK_CALLS";
 
 // The segment size a call gets: `requested` if non-zero, else the environment, else 0 (the
 // transport's default, resolved when the collective runs).

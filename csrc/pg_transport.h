@@ -34,7 +34,7 @@ class ProcessGroupTransport final : public MessageTransport {
   const char* name() const override { return "pg"; }
   std::size_t default_segment_bytes() const override { return kProcessGroupSegmentBytes; }
 
-  void begin_collective(const CollectiveHeader& header) override;
+  void begin_collective(const CollectiveHeader& header, bool check) override;
   Request isend(int peer, const void* data, std::size_t bytes) override;
   Request irecv(int peer, void* data, std::size_t bytes) override;
 

@@ -60,8 +60,12 @@ class Transport {
   void wait(Request request);
 
   // The collective the next transfers belong to. Transports send the header with the first
-  // message to each peer and compare what arrives (check_header) before touching any data.
-  virtual void begin_collective(const CollectiveHeader& header) { header_ = header; }
+  // message to each peer and compare what arrives (check_header) before touching any data; with
+  // `check` false they skip the comparison (and any exchange made only for it).
+  virtual void begin_collective(const CollectiveHeader& header, bool check) {
+    header_ = header;
+    check_ = check;
+  }
 
   // Wait for every send that irecv_forward() started.
   virtual void flush();
@@ -78,10 +82,11 @@ class Transport {
   virtual AbortNotice abort_transfers(const AbortNotice& notice) = 0;
   // Throws MismatchError when a peer's header differs from ours.
   void check_header(int peer, const CollectiveHeader& theirs) const {
-    if (theirs != header_) throw_mismatch(rank(), header_, peer, theirs);
+    if (check_ && theirs != header_) throw_mismatch(rank(), header_, peer, theirs);
   }
 
   CollectiveHeader header_;
+  bool check_ = true;
 
  private:
   struct Forward {

@@ -11,6 +11,7 @@ pass that checks the result against its closed form.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -45,6 +46,10 @@ TARGET_SECONDS_PER_ROW = 0.5
 MIN_ITERS, MAX_ITERS = 3, 2000
 # Trials per row; the table reports the median trial.
 DEFAULT_TRIALS = 5
+# Pause before each row's trial. gloo's traffic leaves work behind in the kernel (TCP on loopback)
+# for tens of milliseconds: 4 KiB shm calls timed right after 200 gloo calls took 10 us instead of
+# 3 us, and 2.7 us again after a pause. Without it, rows that follow gloo rows pay for them.
+ROW_SETTLE_SECONDS = 0.05
 
 
 def parse_size(text: str) -> int:
@@ -85,6 +90,8 @@ def parse_args(argv=None):
     parser.add_argument("--algorithms", default="ring,central")
     parser.add_argument("--transports", default=None, help="CPU transports to time (default: all in this build)")
     parser.add_argument("--no-torch", action="store_true", help="skip the torch.distributed rows")
+    parser.add_argument("--unchecked", action="store_true",
+                        help="add ring rows that skip the cross-rank check of each call (RINGREDUCE_CHECK_CALLS=0)")
     parser.add_argument("--no-mpi", action="store_true", help="skip the OpenMPI rows even when mpi4py is present")
     parser.add_argument("--gpu", choices=("auto", "off", "only"), default="auto",
                         help="GPU rows: NCCL across processes with a GPU each, else virtual ranks on one GPU")
@@ -153,33 +160,49 @@ def _nothing():
     pass
 
 
-def timed_trials(calls, args, barrier, slowest, agree, sync=_nothing) -> list:
+def timed_trials(calls, args, barrier, slowest, agree, sync=_nothing, settings=None) -> list:
     """Median seconds per call of each of `calls`, over args.trials trials run round-robin.
 
     Interleaving the rows trial by trial means a burst of load from elsewhere on the machine hits
     every row alike instead of one row, so the ratios between rows hold up; the median drops bursts.
-    `sync` ends a trial (torch.cuda.synchronize for GPU rows, whose calls only queue work).
+    `sync` ends a trial (torch.cuda.synchronize for GPU rows, whose calls only queue work);
+    `settings[i]`, a context manager factory, is entered around row i's calls.
     """
+    settings = settings or [contextlib.nullcontext] * len(calls)
     iters = []
-    for call in calls:
-        for _ in range(args.warmup):
+    for call, setting in zip(calls, settings):
+        with setting():
+            for _ in range(args.warmup):
+                call()
+            sync()
+            barrier()
+            start = time.perf_counter()
             call()
-        sync()
-        barrier()
-        start = time.perf_counter()
-        call()
-        sync()
+            sync()
         iters.append(agree(iterations_for(slowest(time.perf_counter() - start), args)))
     samples = [[] for _ in calls]
     for _ in range(args.trials):
-        for call, n, row in zip(calls, iters, samples):
-            barrier()
-            start = time.perf_counter()
-            for _ in range(n):
-                call()
-            sync()
-            row.append(slowest((time.perf_counter() - start) / n))
+        for call, setting, n, row in zip(calls, settings, iters, samples):
+            time.sleep(ROW_SETTLE_SECONDS)
+            with setting():
+                barrier()
+                start = time.perf_counter()
+                for _ in range(n):
+                    call()
+                sync()
+                elapsed = time.perf_counter() - start
+            row.append(slowest(elapsed / n))
     return [sorted(row)[len(row) // 2] for row in samples]
+
+
+@contextlib.contextmanager
+def calls_unchecked():
+    """Rows that run without comparing each call across ranks, to show what the check costs."""
+    os.environ["RINGREDUCE_CHECK_CALLS"] = "0"
+    try:
+        yield
+    finally:
+        os.environ.pop("RINGREDUCE_CHECK_CALLS", None)
 
 
 def count_wrong(call, rank, world, numel, dtype, op, device="cpu") -> int:
@@ -196,7 +219,7 @@ def gpus_for_processes(args, world) -> bool:
 
 
 def process_rows(args, rank, world):
-    """(impl, algorithm, transport, device, fn(tensor, op)) for every row the ranks run together."""
+    """(impl, algorithm, transport, device, fn(tensor, op), setting) for every row the ranks run together."""
     algorithms = [a for a in args.algorithms.split(",") if a]
     rows = []
     if args.gpu != "only":
@@ -204,18 +227,24 @@ def process_rows(args, rank, world):
         for transport in args.transports.split(",") if args.transports else available:
             for algorithm in algorithms:
                 rows.append(("ringreduce", algorithm, transport, "cpu",
-                             lambda t, op, a=algorithm, tr=transport: ringreduce.all_reduce(t, op, algorithm=a, transport=tr)))
+                             lambda t, op, a=algorithm, tr=transport: ringreduce.all_reduce(t, op, algorithm=a, transport=tr),
+                             contextlib.nullcontext))
+            if args.unchecked:
+                rows.append(("ringreduce", "ring unchecked", transport, "cpu",
+                             lambda t, op, tr=transport: ringreduce.all_reduce(t, op, transport=tr), calls_unchecked))
         if not args.no_torch:
-            rows.append(("torch.distributed", "-", dist.get_backend(), "cpu", lambda t, op: dist.all_reduce(t, op)))
+            rows.append(("torch.distributed", "-", dist.get_backend(), "cpu", lambda t, op: dist.all_reduce(t, op),
+                         contextlib.nullcontext))
     if gpus_for_processes(args, world):
         # One GPU per rank: ringreduce over NCCL beside torch.distributed's NCCL backend.
         torch.cuda.set_device(rank)
         nccl_group = dist.new_group(backend="nccl")
         for algorithm in algorithms:
             rows.append(("ringreduce", algorithm, "nccl", f"cuda:{rank}",
-                         lambda t, op, a=algorithm: ringreduce.all_reduce(t, op, algorithm=a, transport="nccl")))
+                         lambda t, op, a=algorithm: ringreduce.all_reduce(t, op, algorithm=a, transport="nccl"),
+                         contextlib.nullcontext))
         rows.append(("torch.distributed", "-", "nccl", f"cuda:{rank}",
-                     lambda t, op: dist.all_reduce(t, op, group=nccl_group)))
+                     lambda t, op: dist.all_reduce(t, op, group=nccl_group), contextlib.nullcontext))
     return rows
 
 
@@ -231,9 +260,10 @@ def run_sweep(args, rank, world):
         numel = max(1, size // torch.empty((), dtype=dtype).element_size())
         tensors = [torch.zeros(numel, dtype=dtype, device=row[3]) for row in rows]
         calls = [lambda fn=row[4], t=t: fn(t, op) for row, t in zip(rows, tensors)]
-        seconds = timed_trials(calls, args, dist.barrier, _slowest, _agree, sync)
-        for (impl, algorithm, transport, device, fn), row_seconds in zip(rows, seconds):
-            wrong = count_wrong(lambda t, fn=fn: fn(t, op), rank, world, numel, dtype, op, device) if args.check else -1
+        seconds = timed_trials(calls, args, dist.barrier, _slowest, _agree, sync, [row[5] for row in rows])
+        for (impl, algorithm, transport, device, fn, setting), row_seconds in zip(rows, seconds):
+            with setting():
+                wrong = count_wrong(lambda t, fn=fn: fn(t, op), rank, world, numel, dtype, op, device) if args.check else -1
             records.append(
                 report.record(impl, algorithm, transport, world, args.dtype, args.op, size, numel, row_seconds, wrong)
             )
