@@ -124,6 +124,7 @@ class StreamJoin {
 #if defined(RINGREDUCE_WITH_CUDA)
     if (engine == nullptr) return;
     device_ = tensor.device();
+    const c10::cuda::CUDAGuard on_device(device_);  // the event is made on the tensor's GPU
     caller_ = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
     start_ = engine->mark(caller_);
     // The caching allocator must not hand these blocks out again before the engine's stream is done.
@@ -140,11 +141,12 @@ class StreamJoin {
 
   // After a blocking call: the caller's stream waits for the engine's.
   void release() const {
-    if (engine_ != nullptr) engine_->release_to(caller_);
+    if (engine_ != nullptr) on_engine_stream([&] { engine_->release_to(caller_); });
   }
 
-  // Runs `work` with the engine's stream current, so torch work it launches (the write-back of a
-  // non-contiguous tensor, the events a CUDA future records) is ordered after the collective.
+  // Runs `work` with the tensor's GPU and the engine's stream current (on whichever thread runs
+  // it), so torch work it launches (the write-back of a non-contiguous tensor, the events a CUDA
+  // future records) is ordered after the collective.
   template <typename F>
   void on_engine_stream(F&& work) const {
 #if defined(RINGREDUCE_WITH_CUDA)
@@ -197,9 +199,11 @@ class AllReduceWork final : public c10d::Work {
 void reduce_and_write_back(Communicator& communicator, const StreamJoin& join, const AllReduceArgs& args,
                            const at::Tensor& tensor, const at::Tensor& buffer) {
   at::NoGradGuard no_grad;
-  join.begin();
-  communicator.all_reduce(args);
-  if (!buffer.is_same(tensor)) join.on_engine_stream([&] { tensor.copy_(buffer); });
+  join.on_engine_stream([&] {
+    join.begin();
+    communicator.all_reduce(args);
+    if (!buffer.is_same(tensor)) tensor.copy_(buffer);
+  });
 }
 
 py::object all_reduce(Communicator& communicator, const at::Tensor& tensor, int op_code, int algorithm_code,
@@ -298,7 +302,7 @@ void cuda_reduce(const at::Tensor& dst, const at::Tensor& src, int op_code, int 
   TORCH_CHECK(dst.numel() == src.numel() && dst.scalar_type() == src.scalar_type(), "cuda_reduce: mismatched tensors");
   TORCH_CHECK(!copy || (copy->is_cuda() && copy->is_contiguous() && copy->numel() == dst.numel()),
               "cuda_reduce: bad copy tensor");
-  const c10::cuda::CUDAGuard guard(dst.device());
+  const c10::cuda::CUDAGuard on_device(dst.device());
   RR_CUDA_CHECK(cuda::launch_reduce(to_dtype(dst, op), op, dst.data_ptr(), src.data_ptr(),
                                     copy ? copy->data_ptr() : nullptr, static_cast<std::size_t>(dst.numel()), world,
                                     last, c10::cuda::getCurrentCUDAStream().stream()));

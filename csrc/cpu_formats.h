@@ -10,6 +10,9 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cpu_loops.h"
+#include "reduce_ops.h"
+
 namespace ringreduce {
 namespace {
 
@@ -101,6 +104,43 @@ void reduce_loop(void* dst_ptr, const void* src_ptr, void* copy_ptr, std::size_t
     dst[i] = out;
     if constexpr (kCopy) copy[i] = out;
   }
+}
+
+// Loop kinds run `Op` over a `Format` with `run<Format, Op, kDivide, kCopy>`. This one is the
+// portable loop above; cpu_lanes.h has the hand-vectorised one.
+struct ScalarLoop {
+  template <typename Format, typename Op, bool kDivide, bool kCopy>
+  static void run(void* dst, const void* src, void* copy, std::size_t count, int world) {
+    reduce_loop<Format, Op, kDivide, kCopy>(dst, src, copy, count, world);
+  }
+};
+
+// The functors a loop kind combines elements with, one per op (AVG is SUM that divides at the end).
+struct ScalarOps {
+  using Sum = SumOp;
+  using Product = ProductOp;
+  using Min = MinOp;
+  using Max = MaxOp;
+};
+
+// The four loops of one format and op: plain and fused-copy, and their `last` forms.
+template <typename Loop, typename Format, typename Op, bool kDivideLast>
+LoopSet loop_set() {
+  return LoopSet{&Loop::template run<Format, Op, false, false>, &Loop::template run<Format, Op, false, true>,
+                 &Loop::template run<Format, Op, kDivideLast, false>, &Loop::template run<Format, Op, kDivideLast, true>};
+}
+
+// The loops of `Format` for `op`. Callers refuse AVG for integer formats before they get here.
+template <typename Loop, typename Format, typename Ops>
+LoopSet loops_for(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return loop_set<Loop, Format, typename Ops::Sum, false>();
+    case ReduceOp::Avg: return loop_set<Loop, Format, typename Ops::Sum, true>();
+    case ReduceOp::Product: return loop_set<Loop, Format, typename Ops::Product, false>();
+    case ReduceOp::Min: return loop_set<Loop, Format, typename Ops::Min, false>();
+    case ReduceOp::Max: return loop_set<Loop, Format, typename Ops::Max, false>();
+  }
+  return LoopSet{};
 }
 
 }  // namespace

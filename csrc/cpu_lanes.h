@@ -10,8 +10,6 @@
 #include <cstdint>
 
 #include "cpu_formats.h"
-#include "cpu_loops.h"
-#include "reduce_ops.h"
 
 namespace ringreduce {
 namespace {
@@ -33,14 +31,11 @@ inline __m512 add(__m512 a, __m512 b) { return _mm512_add_ps(a, b); }
 inline __m512 mul(__m512 a, __m512 b) { return _mm512_mul_ps(a, b); }
 inline __m512 div(__m512 a, __m512 b) { return _mm512_div_ps(a, b); }
 inline __m512 splat(__m512, float x) { return _mm512_set1_ps(x); }
-inline __m512 min_nan(__m512 a, __m512 b) {
-  const __mmask16 a_wins = _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ);
-  return _mm512_mask_blend_ps(a_wins, b, a);
+inline __m512 take_if_nan_or(__m512 a, __m512 b, __mmask16 a_wins) {
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q) | a_wins, b, a);
 }
-inline __m512 max_nan(__m512 a, __m512 b) {
-  const __mmask16 a_wins = _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ);
-  return _mm512_mask_blend_ps(a_wins, b, a);
-}
+inline __m512 min_nan(__m512 a, __m512 b) { return take_if_nan_or(a, b, _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ)); }
+inline __m512 max_nan(__m512 a, __m512 b) { return take_if_nan_or(a, b, _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ)); }
 #endif
 
 // A 16-bit format seen through a float vector: `Vec` holds kLanes floats, `Packed` the same number
@@ -126,23 +121,24 @@ void lanes_loop(void* dst_ptr, const void* src_ptr, void* copy_ptr, std::size_t 
       dst + i, src + i, kCopy ? copy + i : nullptr, count - i, world);
 }
 
-template <typename Format, typename Op, bool kDivideLast>
-LoopSet lanes() {
-  return LoopSet{&lanes_loop<Format, Op, false, false>, &lanes_loop<Format, Op, false, true>,
-                 &lanes_loop<Format, Op, kDivideLast, false>, &lanes_loop<Format, Op, kDivideLast, true>};
-}
+struct LanesLoop {
+  template <typename Format, typename Op, bool kDivide, bool kCopy>
+  static void run(void* dst, const void* src, void* copy, std::size_t count, int world) {
+    lanes_loop<Format, Op, kDivide, kCopy>(dst, src, copy, count, world);
+  }
+};
 
-// The loops of one 16-bit format for `op` (AVG divides in its `last` loops).
+struct LaneOps {
+  using Sum = SumLanes;
+  using Product = ProductLanes;
+  using Min = MinLanes;
+  using Max = MaxLanes;
+};
+
+// The loops of one 16-bit format for `op`.
 template <typename Format>
 LoopSet lanes_for_op(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Sum: return lanes<Format, SumLanes, false>();
-    case ReduceOp::Avg: return lanes<Format, SumLanes, true>();
-    case ReduceOp::Product: return lanes<Format, ProductLanes, false>();
-    case ReduceOp::Min: return lanes<Format, MinLanes, false>();
-    case ReduceOp::Max: return lanes<Format, MaxLanes, false>();
-  }
-  return LoopSet{};
+  return loops_for<LanesLoop, Format, LaneOps>(op);
 }
 
 }  // namespace

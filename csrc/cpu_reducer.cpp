@@ -27,48 +27,32 @@ class CpuReducer final : public Reducer {
   LoopSet loops_;
 };
 
-template <typename Format, typename Op, bool kDivideLast>
-LoopSet portable() {
-  return LoopSet{&reduce_loop<Format, Op, false, false>, &reduce_loop<Format, Op, false, true>,
-                 &reduce_loop<Format, Op, kDivideLast, false>, &reduce_loop<Format, Op, kDivideLast, true>};
-}
-
-template <typename Format>
-LoopSet portable_for_format(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Sum: return portable<Format, SumOp, false>();
-    case ReduceOp::Product: return portable<Format, ProductOp, false>();
-    case ReduceOp::Min: return portable<Format, MinOp, false>();
-    case ReduceOp::Max: return portable<Format, MaxOp, false>();
-    case ReduceOp::Avg:
-      if constexpr (std::is_integral_v<typename Format::Compute>) {
-        throw std::invalid_argument(
-            "ringreduce: ReduceOp.AVG is not defined for integer tensors (torch refuses it too); "
-            "use SUM and divide, or convert to a floating dtype");
-      } else {
-        return portable<Format, AvgOp, true>();
-      }
-  }
-  throw std::invalid_argument("ringreduce: unknown reduce op code");
-}
-
 LoopSet portable_loops(DType dtype, ReduceOp op) {
   switch (dtype) {
-    case DType::Float32: return portable_for_format<Plain<float>>(op);
-    case DType::Float64: return portable_for_format<Plain<double>>(op);
-    case DType::Float16: return portable_for_format<Half>(op);
-    case DType::BFloat16: return portable_for_format<BFloat16>(op);
-    case DType::Int8: return portable_for_format<Plain<std::int8_t>>(op);
-    case DType::UInt8: return portable_for_format<Plain<std::uint8_t>>(op);
-    case DType::Int32: return portable_for_format<Plain<std::int32_t>>(op);
-    case DType::Int64: return portable_for_format<Plain<std::int64_t>>(op);
+    case DType::Float32: return loops_for<ScalarLoop, Plain<float>, ScalarOps>(op);
+    case DType::Float64: return loops_for<ScalarLoop, Plain<double>, ScalarOps>(op);
+    case DType::Float16: return loops_for<ScalarLoop, Half, ScalarOps>(op);
+    case DType::BFloat16: return loops_for<ScalarLoop, BFloat16, ScalarOps>(op);
+    case DType::Int8: return loops_for<ScalarLoop, Plain<std::int8_t>, ScalarOps>(op);
+    case DType::UInt8: return loops_for<ScalarLoop, Plain<std::uint8_t>, ScalarOps>(op);
+    case DType::Int32: return loops_for<ScalarLoop, Plain<std::int32_t>, ScalarOps>(op);
+    case DType::Int64: return loops_for<ScalarLoop, Plain<std::int64_t>, ScalarOps>(op);
   }
   throw std::invalid_argument("ringreduce: unknown dtype code");
+}
+
+bool is_integer(DType dtype) {
+  return dtype == DType::Int8 || dtype == DType::UInt8 || dtype == DType::Int32 || dtype == DType::Int64;
 }
 
 }  // namespace
 
 std::unique_ptr<Reducer> make_cpu_reducer(DType dtype, ReduceOp op, int world) {
+  if (op == ReduceOp::Avg && is_integer(dtype)) {
+    throw std::invalid_argument(
+        "ringreduce: ReduceOp.AVG is not defined for integer tensors (torch refuses it too); "
+        "use SUM and divide, or convert to a floating dtype");
+  }
   LoopSet loops{};
   if (!avx512bf16_loops(dtype, op, &loops) && !avx2_loops(dtype, op, &loops)) loops = portable_loops(dtype, op);
   return std::make_unique<CpuReducer>(dtype, world, loops);

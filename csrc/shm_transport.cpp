@@ -62,12 +62,6 @@ struct alignas(64) Channel {
   alignas(64) std::atomic<std::uint64_t> consumed;  // pieces read so far (by the receiver)
 };
 
-// The line in front of each slot's data, written by the sender before it posts the piece.
-struct alignas(64) SlotHeader {
-  std::uint64_t bytes;      // size of the piece
-  CollectiveHeader header;  // the collective it belongs to, checked by the receiver first
-};
-static_assert(sizeof(SlotHeader) == kShmSlotHeaderBytes, "slot data must stay 64-byte aligned");
 
 
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
@@ -145,6 +139,13 @@ int request_peer(Request r) { return static_cast<int>((r.id >> 1) & 0x7fff); }
 bool request_is_send(Request r) { return (r.id & 1) != 0; }
 
 }  // namespace
+
+// The line in front of each slot's data, written by the sender before it posts the piece.
+struct alignas(64) ShmTransport::SlotHeader {
+  std::uint64_t bytes;      // size of the piece
+  CollectiveHeader header;  // the collective it belongs to, checked by the receiver first
+};
+static_assert(sizeof(ShmTransport::SlotHeader) == kShmSlotHeaderBytes, "slot data must stay 64-byte aligned");
 
 // One mapped segment. Ours is created (and unlinked once every peer has it mapped); peers' are opened.
 struct ShmTransport::Segment {
@@ -265,22 +266,32 @@ void ShmTransport::ring(int peer) {
   if (theirs->sleeping.load(std::memory_order_seq_cst) != 0) futex_wake(&theirs->doorbell);
 }
 
-bool ShmTransport::push_sends(int peer) {
+ShmTransport::SlotHeader* ShmTransport::free_slot(int peer) {
+  const Channel* channel = segments_[rank_]->channel(peer);
+  const std::uint64_t posted = channel->posted.load(std::memory_order_relaxed);
+  if (posted - channel->consumed.load(std::memory_order_acquire) >= kShmSlots) return nullptr;
+  return segments_[rank_]->slot(world_, peer, posted);
+}
+
+void ShmTransport::post_piece(int peer, SlotHeader* slot, std::size_t bytes) {
   Channel* channel = segments_[rank_]->channel(peer);
+  slot->bytes = bytes;
+  slot->header = header_;
+  channel->posted.store(channel->posted.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+  ring(peer);
+}
+
+bool ShmTransport::push_sends(int peer) {
   std::deque<SendOp>& queue = sends_[peer];
   bool progressed = false;
   while (!queue.empty()) {
     SendOp& op = queue.front();
     do {
-      const std::uint64_t posted = channel->posted.load(std::memory_order_relaxed);
-      if (posted - channel->consumed.load(std::memory_order_acquire) >= kShmSlots) return progressed;
+      SlotHeader* slot = free_slot(peer);
+      if (slot == nullptr) return progressed;
       const std::size_t piece = std::min(kShmSlotBytes, op.bytes - op.done);
-      SlotHeader* slot = segments_[rank_]->slot(world_, peer, posted);
-      slot->bytes = piece;
-      slot->header = header_;
       std::memcpy(slot + 1, op.data + op.done, piece);
-      channel->posted.store(posted + 1, std::memory_order_release);
-      ring(peer);
+      post_piece(peer, slot, piece);
       op.done += piece;
       progressed = true;
     } while (op.done < op.bytes);
@@ -321,25 +332,18 @@ bool ShmTransport::pull_recvs(int peer, std::uint64_t through_sequence) {
 void ShmTransport::take_piece(RecvOp& op, const char* source, std::size_t piece) {
   char* dst = op.data + op.done;
   const std::size_t count = op.reducer != nullptr ? piece / op.reducer->element_size() : 0;
-  if (op.forward_to >= 0 && sends_[op.forward_to].empty()) {
-    Channel* out = segments_[rank_]->channel(op.forward_to);
-    const std::uint64_t posted = out->posted.load(std::memory_order_relaxed);
-    if (posted - out->consumed.load(std::memory_order_acquire) < kShmSlots) {
-      // Fusion: the result goes to our buffer and to the next rank's slot in the same pass.
-      SlotHeader* slot = segments_[rank_]->slot(world_, op.forward_to, posted);
-      slot->bytes = piece;
-      slot->header = header_;
-      char* slot_data = reinterpret_cast<char*>(slot + 1);
-      if (op.reducer != nullptr) {
-        op.reducer->reduce_copy(dst, source, slot_data, count, op.last);
-      } else {
-        std::memcpy(slot_data, source, piece);
-        std::memcpy(dst, slot_data, piece);
-      }
-      out->posted.store(posted + 1, std::memory_order_release);
-      ring(op.forward_to);
-      return;
+  SlotHeader* slot = op.forward_to >= 0 && sends_[op.forward_to].empty() ? free_slot(op.forward_to) : nullptr;
+  if (slot != nullptr) {
+    // Fusion: the result goes to our buffer and to the next rank's slot in the same pass.
+    char* slot_data = reinterpret_cast<char*>(slot + 1);
+    if (op.reducer != nullptr) {
+      op.reducer->reduce_copy(dst, source, slot_data, count, op.last);
+    } else {
+      std::memcpy(slot_data, source, piece);
+      std::memcpy(dst, slot_data, piece);
     }
+    post_piece(op.forward_to, slot, piece);
+    return;
   }
   // Fusion: reduce straight out of the sender's slot, no copy into our memory first.
   if (op.reducer != nullptr) {

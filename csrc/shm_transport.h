@@ -52,7 +52,8 @@ class ShmTransport final : public Transport {
   Request irecv_forward(int prev, int next, void* data, std::size_t bytes, const Reducer* reducer, bool last) override;
   void flush() override;
 
-  struct Segment;  // a mapped shared-memory segment (shm_transport.cpp)
+  struct Segment;     // a mapped shared-memory segment (shm_transport.cpp)
+  struct SlotHeader;  // the line in front of each staging slot (shm_transport.cpp)
 
  protected:
   void complete(Request request) override;
@@ -76,6 +77,10 @@ class ShmTransport final : public Transport {
   };
 
   Request post_recv(int peer, void* data, std::size_t bytes, const Reducer* reducer, bool last, int forward_to);
+  // The next free slot of our channel to `peer` (its header; data follows), or null when all are full.
+  SlotHeader* free_slot(int peer);
+  // Publishes the piece written into `slot` to `peer`.
+  void post_piece(int peer, SlotHeader* slot, std::size_t bytes);
   bool push_sends(int peer);
   bool pull_recvs(int peer, std::uint64_t through_sequence);
   void take_piece(RecvOp& op, const char* source, std::size_t piece);

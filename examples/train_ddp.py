@@ -20,13 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ringreduce
 
-HOOKS = {
-    "builtin": None,
-    "ring": ringreduce.hooks.ring_hook,
-    "central": ringreduce.hooks.central_hook,
-    "ring_fp16": ringreduce.hooks.ring_fp16_hook,
-    "ring_bf16": ringreduce.hooks.ring_bf16_hook,
-}
+HOOKS = {"builtin": None, **ringreduce.hooks.BY_NAME}
 FEATURES, HIDDEN, CLASSES = 64, 512, 10
 
 

@@ -82,3 +82,7 @@ def ring_fp16_hook(state, bucket) -> torch.futures.Future[torch.Tensor]:
 def ring_bf16_hook(state, bucket) -> torch.futures.Future[torch.Tensor]:
     """Ring all-reduce with bfloat16 on the wire: half the bytes, float32's range, about 2 digits kept."""
     return _average(state, bucket, "ring", torch.bfloat16)
+
+
+# The hooks by the names the example and the command lines use.
+BY_NAME = {"ring": ring_hook, "central": central_hook, "ring_fp16": ring_fp16_hook, "ring_bf16": ring_bf16_hook}

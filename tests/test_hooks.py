@@ -10,13 +10,7 @@ import ringreduce
 from multiproc import run_ranks
 
 STEPS = 20
-HOOKS = {
-    "builtin": None,
-    "ring": ringreduce.hooks.ring_hook,
-    "central": ringreduce.hooks.central_hook,
-    "ring_fp16": ringreduce.hooks.ring_fp16_hook,
-    "ring_bf16": ringreduce.hooks.ring_bf16_hook,
-}
+HOOKS = {"builtin": None, **ringreduce.hooks.BY_NAME}
 # Documented tolerance of the 16-bit hooks on the first step's averaged gradient, relative to the
 # tensor's largest gradient: float16 keeps 11 significant bits, bfloat16 8, and each of the world-1
 # reductions and the compression rounds once.

@@ -17,3 +17,25 @@
                                                             ":", __LINE__, ")"));                      \
     }                                                                                                  \
   } while (0)
+
+namespace ringreduce {
+namespace cuda {
+
+// Makes `device` current for a scope and restores the caller's device after, so that the engine
+// never changes which GPU a user's thread is on.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    RR_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) RR_CUDA_CHECK(cudaSetDevice(device));
+  }
+  ~DeviceScope() { cudaSetDevice(previous_); }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+}  // namespace cuda
+}  // namespace ringreduce

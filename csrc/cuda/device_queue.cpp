@@ -34,7 +34,7 @@ std::shared_ptr<void> EventPool::record(cudaStream_t stream) {
 }
 
 DeviceQueue::DeviceQueue(int device) : device_(device) {
-  RR_CUDA_CHECK(cudaSetDevice(device));
+  const DeviceScope on(device);
   RR_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
 }
 

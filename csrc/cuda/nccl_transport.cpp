@@ -44,7 +44,7 @@ void NcclTransport::finish(ncclResult_t result, const char* what) {
 NcclTransport::NcclTransport(Rendezvous& rendezvous, int rank, int world, DeviceQueue& queue,
                              std::chrono::milliseconds timeout)
     : rank_(rank), world_(world), queue_(queue), timeout_(timeout) {
-  RR_CUDA_CHECK(cudaSetDevice(queue.device()));
+  const DeviceScope on(queue.device());
   RR_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   ncclUniqueId id;
   if (rank == 0) {
@@ -119,7 +119,7 @@ void NcclTransport::wait_transfer(Request request) {
 
 std::shared_ptr<void> NcclTransport::allocate_staging(std::size_t bytes) {
   void* memory = nullptr;
-  RR_CUDA_CHECK(cudaSetDevice(queue_.device()));
+  const DeviceScope on(queue_.device());
   RR_CUDA_CHECK(cudaMalloc(&memory, bytes == 0 ? 1 : bytes));
   return std::shared_ptr<void>(memory, [](void* p) { cudaFree(p); });
 }
