@@ -372,35 +372,36 @@ bool ShmTransport::push_all_sends() {
 }
 
 void ShmTransport::complete(Request request) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout_;
-  const bool is_send = request_is_send(request);
   const int peer = request_peer(request);
-  Header* own = segments_[rank_]->header();
-  for (;;) {
-    const std::uint32_t doorbell = own->doorbell.load(std::memory_order_acquire);
-    // Keep every peer fed while we wait, so nobody waits on us.
-    bool progressed = push_all_sends();
-    if (!is_send) progressed |= pull_recvs(peer, request_sequence(request));
-    if (is_done(request)) return;
-    // While spinning, watch the counter that will change first: the peer's posted count for a
-    // receive (one cache-line transfer sooner than the doorbell), our consumed count for a send.
-    const Channel* channel = is_send ? segments_[rank_]->channel(peer) : segments_[peer]->channel(rank_);
-    const std::atomic<std::uint64_t>* watch = is_send ? &channel->consumed : &channel->posted;
-    if (!progressed) idle(doorbell, watch, watch->load(std::memory_order_relaxed), deadline, is_send ? "send to" : "receive from", peer);
+  if (request_is_send(request)) {
+    drive([] { return false; }, [&] { return is_done(request); }, peer, true);
+  } else {
+    drive([&] { return pull_recvs(peer, request_sequence(request)); }, [&] { return is_done(request); }, peer, false);
   }
 }
 
 void ShmTransport::flush() {
+  for (int peer = 0; peer < world_; ++peer) {
+    drive([] { return false; }, [&] { return sends_[peer].empty(); }, peer, true);
+  }
+}
+
+template <typename Pull, typename Done>
+void ShmTransport::drive(Pull pull, Done done, int peer, bool sending) {
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
   Header* own = segments_[rank_]->header();
+  // While spinning, watch the counter that will change first: the peer's posted count for a
+  // receive (one cache-line transfer sooner than the doorbell), our consumed count for a send.
+  const std::atomic<std::uint64_t>* watch =
+      sending ? &segments_[rank_]->channel(peer)->consumed : &segments_[peer]->channel(rank_)->posted;
   for (;;) {
     const std::uint32_t doorbell = own->doorbell.load(std::memory_order_acquire);
-    const bool progressed = push_all_sends();
-    const auto pending = std::find_if(sends_.begin(), sends_.end(), [](const auto& queue) { return !queue.empty(); });
-    if (pending == sends_.end()) return;
-    const int peer = static_cast<int>(pending - sends_.begin());
-    const std::atomic<std::uint64_t>* watch = &segments_[rank_]->channel(peer)->consumed;
-    if (!progressed) idle(doorbell, watch, watch->load(std::memory_order_relaxed), deadline, "send to", peer);
+    const std::uint64_t watched = watch->load(std::memory_order_relaxed);
+    // Keep every peer fed while we wait, so nobody waits on us.
+    bool progressed = push_all_sends();
+    progressed |= pull();
+    if (done()) return;
+    if (!progressed) idle(doorbell, watch, watched, deadline, sending ? "send to" : "receive from", peer);
   }
 }
 

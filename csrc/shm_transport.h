@@ -85,6 +85,10 @@ class ShmTransport final : public Transport {
   bool pull_recvs(int peer, std::uint64_t through_sequence);
   void take_piece(RecvOp& op, const char* source, std::size_t piece);
   bool is_done(Request request) const;
+  // Moves transfers until `done()`: pushes every pending send and runs `pull` (the receives to take),
+  // and idles when neither moved. `peer` and `sending` say what is awaited, for the spin and errors.
+  template <typename Pull, typename Done>
+  void drive(Pull pull, Done done, int peer, bool sending);
   // Spin until `watch` or the doorbell moves, then sleep until a peer rings; raises if a peer died
   // or aborted, or at the deadline.
   void idle(std::uint32_t doorbell_seen, const std::atomic<std::uint64_t>* watch, std::uint64_t watch_seen,
