@@ -2,10 +2,10 @@
 # `make gpu-check`: every GPU check in one script, for a fresh GPU machine that has torch (CUDA),
 # nvcc and NCCL preinstalled and no network. It builds against that torch (no virtual environment),
 # runs the GPU tests, the kernel benchmark and the GPU rows of the all-reduce benchmark, and writes
-# everything to $RESULTS (default: $OUT if set, else gpu-check-results/). Budget: under 8 minutes.
+# everything to $RESULTS (default gpu-check-results/). Budget: under 8 minutes.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
-RESULTS=${RESULTS:-${OUT:-gpu-check-results}}
+RESULTS=${RESULTS:-gpu-check-results}
 mkdir -p "$RESULTS"
 PY=${PYTHON:-python3}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
