@@ -16,11 +16,12 @@ constexpr std::size_t kRecvsAhead = 2;
 // Sends the central reducer keeps in flight per destination before it waits for the oldest.
 constexpr std::size_t kSendsInFlight = 2;
 
-// Ring all-reduce: chunked reduce-scatter then all-gather, pipelined by segment. Every rank moves
-// 2(N-1)/N of the buffer whatever N is, and ends with the same bits: each chunk is reduced by
-// exactly one rank and copied to the others.
+// Ring all-reduce: chunked reduce-scatter then all-gather, pipelined by segment, with consecutive
+// segments in `lanes` lanes of the transport (at most its max_lanes()). Every rank moves 2(N-1)/N
+// of the buffer whatever N is, and ends with the same bits: each chunk is reduced by exactly one
+// rank and copied to the others.
 void ring_all_reduce(Transport& transport, const Reducer& reducer, void* data, std::size_t numel,
-                     std::size_t segment_bytes);
+                     std::size_t segment_bytes, std::size_t lanes);
 
 // Central reducer (parameter-server style): every rank sends its buffer to `root`, which reduces
 // the contributions in a fixed order (its own, then the others by rank) and sends the result back.

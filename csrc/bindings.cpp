@@ -8,6 +8,7 @@
 
 #include "communicator.h"
 #include "cpu_reducer.h"
+#include "exchange_groups.h"
 #include "local_transport.h"
 #include "pg_transport.h"
 #include "rendezvous.h"
@@ -251,11 +252,24 @@ py::object all_reduce(Communicator& communicator, const at::Tensor& tensor, int 
   return py::cast(c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<AllReduceWork>(future)));
 }
 
-py::list ring_schedule_py(std::size_t numel, std::size_t elem_size, int world, int rank, std::size_t segment_bytes) {
+py::list ring_schedule_py(std::size_t numel, std::size_t elem_size, int world, int rank, std::size_t segment_bytes,
+                          std::size_t lanes) {
   py::list out;
-  for (const RingTransfer& t : ring_schedule(numel, elem_size, world, rank, segment_bytes)) {
+  for (const RingTransfer& t : ring_schedule(numel, elem_size, world, rank, segment_bytes, lanes)) {
     out.append(py::make_tuple(t.send.offset, t.send.count, t.recv.offset, t.recv.count, t.reduce, t.last, t.send_own,
-                              t.forward));
+                              t.forward, t.lane));
+  }
+  return out;
+}
+
+py::list exchange_groups_py(std::size_t numel, int world, int rank, std::size_t segment_bytes, std::size_t lanes,
+                            const std::string& algorithm) {
+  if (algorithm != "ring" && algorithm != "central") throw py::value_error("algorithm must be 'ring' or 'central'");
+  py::list out;
+  for (const auto& group : trace_exchange_groups(numel, world, rank, segment_bytes, lanes, algorithm == "ring")) {
+    py::list transfers;
+    for (const TracedTransfer& t : group) transfers.append(py::make_tuple(t.is_send, t.peer, t.bytes));
+    out.append(transfers);
   }
   return out;
 }
@@ -283,13 +297,15 @@ py::dict build_info() {
 }
 
 #if defined(RINGREDUCE_WITH_CUDA)
-// A GPU communicator: its stream, the transport on it, and reducers that launch on it.
+// A GPU communicator: its streams, the transport on them, and reducers that launch on them. The
+// communicator owns the queue and destroys it after the transport and reducers.
 std::shared_ptr<Communicator> make_device_communicator(
     std::unique_ptr<cuda::DeviceQueue> queue, const std::function<std::unique_ptr<Transport>(cuda::DeviceQueue&)>& transport) {
-  cudaStream_t stream = queue->cuda_stream();
+  const cuda::DeviceQueue* streams = queue.get();
   auto made = transport(*queue);
   return make_communicator(
-      std::move(made), [stream](DType dtype, ReduceOp op, int world) { return cuda::make_cuda_reducer(dtype, op, world, stream); },
+      std::move(made),
+      [streams](DType dtype, ReduceOp op, int world) { return cuda::make_cuda_reducer(dtype, op, world, *streams); },
       std::move(queue));
 }
 
@@ -336,7 +352,7 @@ PYBIND11_MODULE(_C, m) {
             continue;
           }
 #if defined(RINGREDUCE_WITH_CUDA)
-          ranks.push_back(make_device_communicator(std::make_unique<cuda::DeviceQueue>(device), [&](cuda::DeviceQueue& queue) {
+          ranks.push_back(make_device_communicator(std::make_unique<cuda::DeviceQueue>(device, cuda::kDeviceLanes), [&](cuda::DeviceQueue& queue) {
             return std::make_unique<LocalTransport>(hub, rank, std::make_unique<cuda::DeviceMemory>(queue));
           }));
 #else
@@ -372,7 +388,7 @@ PYBIND11_MODULE(_C, m) {
       "nccl_communicator",
       [](c10d::Store& store, int rank, int world, int device, double timeout_s) {
         StoreRendezvous rendezvous(store);
-        return make_device_communicator(std::make_unique<cuda::DeviceQueue>(device), [&](cuda::DeviceQueue& queue) {
+        return make_device_communicator(std::make_unique<cuda::DeviceQueue>(device, cuda::kDeviceLanes), [&](cuda::DeviceQueue& queue) {
           return std::make_unique<cuda::NcclTransport>(rendezvous, rank, world, queue, to_millis(timeout_s));
         });
       },
@@ -383,7 +399,10 @@ PYBIND11_MODULE(_C, m) {
 #endif
 
   m.def("ring_schedule", &ring_schedule_py, py::arg("numel"), py::arg("elem_size"), py::arg("world"), py::arg("rank"),
-        py::arg("segment_bytes"));
+        py::arg("segment_bytes"), py::arg("lanes") = 1);
+  m.def("exchange_groups", &exchange_groups_py, py::arg("numel"), py::arg("world"), py::arg("rank"),
+        py::arg("segment_bytes"), py::arg("lanes"), py::arg("algorithm"),
+        "The groups of (is_send, peer, bytes) a transport that groups like nccl hands over, for one float32 call.");
   m.def("central_schedule", &central_schedule_py, py::arg("numel"), py::arg("elem_size"), py::arg("segment_bytes"));
   m.def("build_info", &build_info);
 }

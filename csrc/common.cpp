@@ -34,6 +34,7 @@ std::string describe(const CollectiveHeader& header) {
   std::string text = detail::concat(header.numel, " x ", dtype_name(static_cast<DType>(header.dtype)), ", ",
                                     op_name(static_cast<ReduceOp>(header.op)), ", ", algorithm_name(algorithm));
   if (algorithm == Algorithm::Central) text += detail::concat(" at root ", header.root);
+  if (header.lanes != 1) text += detail::concat(" in ", static_cast<int>(header.lanes), " lanes");
   return text + detail::concat(" (collective #", header.sequence, ")");
 }
 
@@ -41,7 +42,7 @@ void throw_mismatch(int rank, const CollectiveHeader& mine, int peer, const Coll
   throw MismatchError(detail::concat(
       "ringreduce: the ranks disagree on this all-reduce: rank ", peer, " has ", describe(theirs), ", rank ", rank,
       " has ", describe(mine), ". Every rank of the group must make the same calls, in the same order, with the same "
-      "numel, dtype, op and algorithm (and root); recreate the group's communicators with ringreduce.destroy(group)"));
+      "numel, dtype, op and algorithm (and root, and RINGREDUCE_LANES); recreate the group's communicators with ringreduce.destroy(group)"));
 }
 
 void AbortNotice::raise() const {

@@ -59,11 +59,11 @@ struct CollectiveHeader {
   std::uint8_t dtype = 0;
   std::uint8_t op = 0;
   std::uint8_t algorithm = 0;
-  std::uint8_t pad = 0;
+  std::uint8_t lanes = 1;      // pipeline lanes of the ring (RINGREDUCE_LANES)
 
   bool operator==(const CollectiveHeader& other) const {
     return sequence == other.sequence && numel == other.numel && dtype == other.dtype && op == other.op &&
-           algorithm == other.algorithm && (algorithm != 1 || root == other.root);
+           algorithm == other.algorithm && lanes == other.lanes && (algorithm != 1 || root == other.root);
   }
   bool operator!=(const CollectiveHeader& other) const { return !(*this == other); }
 };

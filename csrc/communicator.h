@@ -17,6 +17,9 @@ namespace ringreduce {
 constexpr const char* kSegmentBytesEnv = "RINGREDUCE_SEGMENT_BYTES";
 // "0" turns off the comparison of each call across ranks (every rank must agree on it).
 constexpr const char* kCheckCallsEnv = "RINGREDUCE_CHECK_CALLS";
+// Overrides the ring's pipeline lanes (Transport::default_lanes()), up to what the transport can
+// keep apart; every rank must agree on it (the call check compares it).
+constexpr const char* kLanesEnv = "RINGREDUCE_LANES";
 
 // The segment size a call gets: `requested` if non-zero, else the environment, else 0 (the
 // transport's default, resolved when the collective runs).

@@ -7,7 +7,7 @@ namespace ringreduce {
 void HostMemory::copy(void* dst, const void* src, std::size_t bytes) { std::memcpy(dst, src, bytes); }
 
 LocalHub::LocalHub(int world, std::chrono::milliseconds timeout)
-    : world_(world), timeout_(timeout), channels_(static_cast<std::size_t>(world) * world) {
+    : world_(world), timeout_(timeout), channels_(kLocalMaxLanes * world * world) {
   RR_CHECK(world >= 1, "a local world needs at least one rank, got ", world);
 }
 
@@ -32,8 +32,18 @@ AbortNotice LocalHub::first_notice() {
 }
 
 LocalTransport::LocalTransport(std::shared_ptr<LocalHub> hub, int rank, std::unique_ptr<LocalMemory> memory)
-    : hub_(std::move(hub)), rank_(rank), memory_(std::move(memory)), recv_sequence_(hub_->world(), 0) {
+    : hub_(std::move(hub)), rank_(rank), memory_(std::move(memory)), recv_sequence_(kLocalMaxLanes * hub_->world(), 0) {
   RR_CHECK(rank >= 0 && rank < hub_->world(), "rank ", rank, " is outside a local world of ", hub_->world());
+}
+
+void LocalTransport::begin_collective(const CollectiveHeader& header, bool check) {
+  Transport::begin_collective(header, check);
+  memory_->fork_lanes();
+}
+
+void LocalTransport::select_lane(std::size_t lane) {
+  Transport::select_lane(lane);
+  memory_->select_lane(lane);
 }
 
 LocalTransport::~LocalTransport() { withdraw_sends(); }
@@ -41,24 +51,32 @@ LocalTransport::~LocalTransport() { withdraw_sends(); }
 void LocalTransport::withdraw_sends() {
   // A peer may still be reading one of our buffers: withdraw what it has not taken, and wait
   // until it has finished what it has, so the caller may free its memory.
-  for (int peer = 0; peer < hub_->world(); ++peer) {
-    LocalHub::Channel& channel = hub_->channel(rank_, peer);
-    std::unique_lock<std::mutex> lock(channel.mutex);
-    for (auto it = channel.messages.begin(); it != channel.messages.end();) {
-      it = it->second.state == LocalHub::State::Posted ? channel.messages.erase(it) : std::next(it);
-    }
-    channel.changed.wait(lock, [&] {
-      for (const auto& entry : channel.messages) {
-        if (entry.second.state == LocalHub::State::Taken) return false;
+  for (std::size_t lane = 0; lane < kLocalMaxLanes; ++lane) {
+    for (int peer = 0; peer < hub_->world(); ++peer) {
+      LocalHub::Channel& channel = hub_->channel(rank_, peer, lane);
+      std::unique_lock<std::mutex> lock(channel.mutex);
+      for (auto it = channel.messages.begin(); it != channel.messages.end();) {
+        it = it->second.state == LocalHub::State::Posted ? channel.messages.erase(it) : std::next(it);
       }
-      return true;
-    });
+      channel.changed.wait(lock, [&] {
+        for (const auto& entry : channel.messages) {
+          if (entry.second.state == LocalHub::State::Taken) return false;
+        }
+        return true;
+      });
+    }
   }
 }
 
 AbortNotice LocalTransport::abort_transfers(const AbortNotice& notice) {
   const AbortNotice first = hub_->abort(notice);
   withdraw_sends();
+  // As at the end of a collective, the rank's later work waits for its lanes. A device error here
+  // is dropped: the failure being reported is the one that matters.
+  try {
+    memory_->join_lanes();
+  } catch (const std::exception&) {
+  }
   return first;
 }
 
@@ -69,7 +87,7 @@ Request LocalTransport::add(Pending pending) {
 }
 
 Request LocalTransport::isend(int peer, const void* data, std::size_t bytes) {
-  LocalHub::Channel& channel = hub_->channel(rank_, peer);
+  LocalHub::Channel& channel = hub_->channel(rank_, peer, lane_);
   auto ready = memory_->record();
   std::uint64_t sequence;
   {
@@ -78,15 +96,15 @@ Request LocalTransport::isend(int peer, const void* data, std::size_t bytes) {
     channel.messages.emplace(sequence, LocalHub::Message{data, bytes, header_, std::move(ready), nullptr});
   }
   channel.changed.notify_all();
-  return add(Pending{true, peer, sequence});
+  return add(Pending{true, peer, lane_, sequence});
 }
 
 Request LocalTransport::irecv(int peer, void* data, std::size_t bytes) {
-  return add(Pending{false, peer, recv_sequence_[peer]++, data, bytes});
+  return add(Pending{false, peer, lane_, recv_sequence_[lane_ * hub_->world() + peer]++, data, bytes});
 }
 
 Request LocalTransport::irecv_reduce(int peer, void* data, std::size_t bytes, const Reducer& reducer, bool last) {
-  return add(Pending{false, peer, recv_sequence_[peer]++, data, bytes, &reducer, last});
+  return add(Pending{false, peer, lane_, recv_sequence_[lane_ * hub_->world() + peer]++, data, bytes, &reducer, last});
 }
 
 void LocalTransport::complete(Request request) {
@@ -117,8 +135,10 @@ void LocalTransport::wait_until(LocalHub::Channel& channel, std::unique_lock<std
     if (channel.changed.wait_for(lock, kPeekInterval, [&] { return ready() || hub_->aborted_; })) break;
     // Nothing yet: a message from another peer may show that the ranks disagree on this call.
     lock.unlock();
-    for (int peer = 0; peer < hub_->world(); ++peer) {
-      if (peer != rank_) check_waiting_header(peer);
+    for (std::size_t lane = 0; lane < kLocalMaxLanes; ++lane) {
+      for (int peer = 0; peer < hub_->world(); ++peer) {
+        if (peer != rank_) check_waiting_header(peer, lane);
+      }
     }
     lock.lock();
     if (std::chrono::steady_clock::now() >= deadline) break;
@@ -129,20 +149,23 @@ void LocalTransport::wait_until(LocalHub::Channel& channel, std::unique_lock<std
   }
 }
 
-void LocalTransport::check_waiting_header(int peer) {
-  // The oldest message from `peer` that we have not taken. If it belongs to this call (or an earlier
-  // one, which we have finished), its header must match ours; later calls are a peer running ahead.
-  LocalHub::Channel& channel = hub_->channel(peer, rank_);
+void LocalTransport::check_waiting_header(int peer, std::size_t lane) {
+  // The oldest message from `peer` in `lane` that we have not taken. If it belongs to this call (or
+  // an earlier one, which we have finished), its header must match ours; later calls are a peer
+  // running ahead.
+  LocalHub::Channel& channel = hub_->channel(peer, rank_, lane);
   std::lock_guard<std::mutex> lock(channel.mutex);
   for (const auto& entry : channel.messages) {
-    if (entry.first < recv_sequence_[peer] || entry.second.state != LocalHub::State::Posted) continue;
+    if (entry.first < recv_sequence_[lane * hub_->world() + peer] || entry.second.state != LocalHub::State::Posted) {
+      continue;
+    }
     if (entry.second.header.sequence <= header_.sequence) check_header(peer, entry.second.header);
     return;
   }
 }
 
 void LocalTransport::wait_send(const Pending& pending) {
-  LocalHub::Channel& channel = hub_->channel(rank_, pending.peer);
+  LocalHub::Channel& channel = hub_->channel(rank_, pending.peer, pending.lane);
   std::unique_lock<std::mutex> lock(channel.mutex);
   wait_until(channel, lock, [&] { return channel.messages.at(pending.sequence).state == LocalHub::State::Done; },
              pending);
@@ -154,7 +177,7 @@ void LocalTransport::wait_send(const Pending& pending) {
 }
 
 void LocalTransport::wait_recv(const Pending& pending) {
-  LocalHub::Channel& channel = hub_->channel(pending.peer, rank_);
+  LocalHub::Channel& channel = hub_->channel(pending.peer, rank_, pending.lane);
   std::unique_lock<std::mutex> lock(channel.mutex);
   wait_until(channel, lock, [&] { return channel.messages.count(pending.sequence) > 0; }, pending);
   LocalHub::Message& message = channel.messages.find(pending.sequence)->second;

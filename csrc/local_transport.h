@@ -26,6 +26,11 @@ constexpr std::chrono::milliseconds kPeekInterval{20};
 // machine's cores and makes tests reach many-segment paths at moderate sizes.
 constexpr std::size_t kLocalSegmentBytes = 256 << 10;
 
+// Lanes the local hub keeps apart (each pair of ranks has a channel per lane). Host ranks reduce on
+// the waiting thread, so lanes give them nothing and one stays their default; GPU ranks run the
+// device's lanes, one stream each, as the nccl transport does.
+constexpr std::size_t kLocalMaxLanes = 4;
+
 // Where a local rank's memory lives. On the host every operation is immediate; a GPU rank works in
 // the order of its own stream, and events tell the peer's stream when data is ready or consumed.
 class LocalMemory {
@@ -38,6 +43,14 @@ class LocalMemory {
   virtual std::shared_ptr<void> record() { return nullptr; }
   // Make this rank's later work wait for a marker recorded by another rank.
   virtual void wait_for(const std::shared_ptr<void>& /*marker*/) {}
+  // Lanes of work this memory can keep apart (see Transport::select_lane; the host keeps no order),
+  // and how many suit it.
+  virtual std::size_t max_lanes() const { return kLocalMaxLanes; }
+  virtual std::size_t default_lanes() const { return 1; }
+  // A collective's lanes start after the rank's earlier work, and its later work waits for them.
+  virtual void fork_lanes() {}
+  virtual void join_lanes() {}
+  virtual void select_lane(std::size_t /*lane*/) {}
 };
 
 class HostMemory final : public LocalMemory {
@@ -73,7 +86,9 @@ class LocalHub {
     std::map<std::uint64_t, Message> messages;  // by sequence number on this channel
     std::uint64_t sent = 0;
   };
-  Channel& channel(int src, int dst) { return channels_[static_cast<std::size_t>(src) * world_ + dst]; }
+  Channel& channel(int src, int dst, std::size_t lane) {
+    return channels_[(lane * world_ + static_cast<std::size_t>(src)) * world_ + dst];
+  }
 
   const int world_;
   const std::chrono::milliseconds timeout_;
@@ -92,6 +107,12 @@ class LocalTransport final : public Transport {
   int size() const override { return hub_->world(); }
   const char* name() const override { return "local"; }
   std::size_t default_segment_bytes() const override { return memory_->segment_bytes(); }
+  std::size_t max_lanes() const override { return memory_->max_lanes(); }
+  std::size_t default_lanes() const override { return memory_->default_lanes(); }
+
+  void begin_collective(const CollectiveHeader& header, bool check) override;
+  void select_lane(std::size_t lane) override;
+  void end_collective() override { memory_->join_lanes(); }
 
   Request isend(int peer, const void* data, std::size_t bytes) override;
   Request irecv(int peer, void* data, std::size_t bytes) override;
@@ -105,6 +126,7 @@ class LocalTransport final : public Transport {
   struct Pending {
     bool is_send;
     int peer;
+    std::size_t lane;
     std::uint64_t sequence;
     void* dst = nullptr;
     std::size_t bytes = 0;
@@ -118,13 +140,13 @@ class LocalTransport final : public Transport {
   // Waits (up to the timeout) until `ready`, peeking at other peers' messages now and then.
   void wait_until(LocalHub::Channel& channel, std::unique_lock<std::mutex>& lock, const std::function<bool()>& ready,
                   const Pending& pending);
-  void check_waiting_header(int peer);
+  void check_waiting_header(int peer, std::size_t lane);
   void withdraw_sends();
 
   std::shared_ptr<LocalHub> hub_;
   int rank_;
   std::unique_ptr<LocalMemory> memory_;
-  std::vector<std::uint64_t> recv_sequence_;  // next receive sequence number, per peer
+  std::vector<std::uint64_t> recv_sequence_;  // next receive sequence number, per lane and peer
   std::unordered_map<std::int64_t, Pending> pending_;
   std::int64_t next_id_ = 0;
 };

@@ -5,8 +5,10 @@
 namespace ringreduce {
 namespace {
 
-// Tags cycle below this bound; far more than the transfers one pair ever has in flight.
+// Tags cycle below this bound; far more than the transfers one pair ever has in flight. A multiple
+// of kProcessGroupMaxLanes, so every tag keeps its lane in its low part.
 constexpr int kTagCycle = 1 << 24;
+static_assert(kTagCycle % kProcessGroupMaxLanes == 0, "tags must keep their lane when they wrap");
 // The store key where the first aborting rank leaves its notice for the others.
 constexpr const char* kAbortKey = "abort";
 
@@ -28,8 +30,8 @@ ProcessGroupTransport::ProcessGroupTransport(c10::intrusive_ptr<c10d::Backend> b
       rank_(backend_->getRank()),
       world_(backend_->getSize()),
       timeout_(timeout),
-      send_tags_(world_, 0),
-      recv_tags_(world_, 0) {}
+      sends_posted_(kProcessGroupMaxLanes * world_, 0),
+      recvs_posted_(kProcessGroupMaxLanes * world_, 0) {}
 
 void ProcessGroupTransport::begin_collective(const CollectiveHeader& header, bool check) {
   MessageTransport::begin_collective(header, check);
@@ -48,9 +50,10 @@ Request ProcessGroupTransport::post(int peer, void* data, std::size_t bytes, boo
   RR_CHECK(backend_, "the pg transport was aborted");
   std::vector<at::Tensor> tensors{
       at::from_blob(data, {static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte))};
-  int& tag = (is_send ? send_tags_ : recv_tags_)[peer];
+  int& posted = (is_send ? sends_posted_ : recvs_posted_)[lane_ * world_ + peer];
+  const int tag = posted * static_cast<int>(kProcessGroupMaxLanes) + static_cast<int>(lane_);
+  posted = (posted + 1) % (kTagCycle / static_cast<int>(kProcessGroupMaxLanes));
   auto work = is_send ? backend_->send(tensors, peer, tag) : backend_->recv(tensors, peer, tag);
-  tag = (tag + 1) % kTagCycle;
   const std::int64_t id = next_id_++;
   pending_.emplace(id, Pending{std::move(work), std::move(tensors), peer, is_send});
   return Request{id};

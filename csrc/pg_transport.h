@@ -19,6 +19,11 @@ namespace ringreduce {
 // busbw against 0.4-0.5 at 256 KiB and 0.8-1.0 at 1 MiB (benchmarks/RESULTS.md).
 constexpr std::size_t kProcessGroupSegmentBytes = 4 << 20;
 
+// Lanes the pg transport can keep apart: each lane has its own tag sequence per peer, so lanes
+// match independently. gloo already overlaps the transfers the ring posts ahead, so one lane stays
+// the default; RINGREDUCE_LANES asks for more.
+constexpr std::size_t kProcessGroupMaxLanes = 4;
+
 // Each collective starts with a header round: every rank sends its header to the next rank and
 // compares the previous rank's. When every neighbour agrees, all ranks agree, whatever the
 // algorithm; and no data receive is posted before the sizes are known to match (gloo aborts the
@@ -33,6 +38,7 @@ class ProcessGroupTransport final : public MessageTransport {
   int size() const override { return world_; }
   const char* name() const override { return "pg"; }
   std::size_t default_segment_bytes() const override { return kProcessGroupSegmentBytes; }
+  std::size_t max_lanes() const override { return kProcessGroupMaxLanes; }
 
   void begin_collective(const CollectiveHeader& header, bool check) override;
   Request isend(int peer, const void* data, std::size_t bytes) override;
@@ -57,7 +63,8 @@ class ProcessGroupTransport final : public MessageTransport {
   const int rank_;
   const int world_;
   std::chrono::milliseconds timeout_;
-  std::vector<int> send_tags_, recv_tags_;  // per peer: messages are told apart by tag
+  // Messages posted so far per lane and peer (index lane * world + peer); they make the tags.
+  std::vector<int> sends_posted_, recvs_posted_;
   std::unordered_map<std::int64_t, Pending> pending_;
   std::int64_t next_id_ = 0;
 };

@@ -36,28 +36,40 @@ SegmentLayout segment_layout(std::size_t numel, std::size_t elem_size, int world
 }
 
 std::vector<RingTransfer> ring_schedule(std::size_t numel, std::size_t elem_size, int world, int rank,
-                                        std::size_t segment_bytes) {
+                                        std::size_t segment_bytes, std::size_t lanes) {
   RR_CHECK(rank >= 0 && rank < world, "rank ", rank, " is outside a world of ", world);
+  RR_CHECK(lanes >= 1, "a ring needs at least one lane");
   const SegmentLayout layout = segment_layout(numel, elem_size, world, segment_bytes);
   std::vector<RingTransfer> transfers;
   if (world == 1) return transfers;
-  transfers.reserve(2 * (world - 1) * layout.segments_per_chunk);
-  // Segment-major: each segment goes through every step before the next segment starts, so the
-  // span received at one position is sent on at the very next one and a transport can fuse the two.
-  // Segments overlap in flight through the transport's slots, as slices do in NCCL's ring.
-  for (std::size_t seg = 0; seg < layout.segments_per_chunk; ++seg) {
-    // Reduce-scatter, step s: pass on chunk r-s (own data at s = 0, a partial sum after), receive
-    // chunk r-s-1 and reduce it. After world-1 steps rank r holds the full result of chunk r+1.
-    for (int step = 0; step < world - 1; ++step) {
-      transfers.push_back({layout.segment(wrap(rank - step, world), seg),
-                           layout.segment(wrap(rank - step - 1, world), seg), true, step == world - 2, step == 0,
-                           true});
-    }
-    // All-gather, step s: pass on chunk r+1-s (the owned result at s = 0, a copy after), receive the
-    // finished chunk r-s in place.
-    for (int step = 0; step < world - 1; ++step) {
-      transfers.push_back({layout.segment(wrap(rank + 1 - step, world), seg),
-                           layout.segment(wrap(rank - step, world), seg), false, false, false, step < world - 2});
+  const int steps = 2 * (world - 1);
+  transfers.reserve(steps * layout.segments_per_chunk);
+  // Segments overlap in flight through the transport's slots, as slices do in NCCL's ring, and,
+  // with several lanes, through the lanes: while one segment is reduced, the next one travels.
+  for (std::size_t first = 0; first < layout.segments_per_chunk; first += lanes) {
+    const std::size_t group_end = std::min(layout.segments_per_chunk, first + lanes);
+    for (int step = 0; step < steps; ++step) {
+      for (std::size_t seg = first; seg < group_end; ++seg) {
+        RingTransfer t;
+        t.lane = seg - first;
+        if (step < world - 1) {
+          // Reduce-scatter, step s: pass on chunk r-s (own data at s = 0, a partial sum after),
+          // receive chunk r-s-1 and reduce it. After world-1 steps rank r holds the result of chunk r+1.
+          t.send = layout.segment(wrap(rank - step, world), seg);
+          t.recv = layout.segment(wrap(rank - step - 1, world), seg);
+          t.reduce = true;
+          t.last = step == world - 2;
+          t.send_own = step == 0;
+        } else {
+          // All-gather, step s: pass on chunk r+1-s (the owned result at s = 0, a copy after),
+          // receive the finished chunk r-s in place.
+          const int s = step - (world - 1);
+          t.send = layout.segment(wrap(rank + 1 - s, world), seg);
+          t.recv = layout.segment(wrap(rank - s, world), seg);
+        }
+        t.forward = step < steps - 1;  // a segment's last all-gather step keeps what it gets
+        transfers.push_back(t);
+      }
     }
   }
   return transfers;

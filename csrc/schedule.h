@@ -32,21 +32,26 @@ SegmentLayout segment_layout(std::size_t numel, std::size_t elem_size, int world
 
 // One pipelined ring transfer of rank r: send `send` to rank r+1, receive `recv` from rank r-1.
 // What rank r sends at position k is exactly what rank r+1 receives at position k, empty spans
-// included, so both sides make the same transfers in the same order. Except at a segment's first step, every send passes on the span
-// received at the position just before, which lets a transport fuse the receive and the send.
+// included, so both sides make the same transfers in the same order. Except at a segment's first
+// step, every send passes on the span received at the same lane's position just before, which lets
+// a transport fuse the receive and the send.
 struct RingTransfer {
   Span send;
   Span recv;
   bool reduce = false;    // reduce-scatter: the received span is reduced into the buffer; all-gather: copied
   bool last = false;      // the final reduction of this span (AVG divides by the world size here)
   bool send_own = false;  // the send is this rank's own data (first step), not a received span passed on
-  bool forward = false;   // the received span is sent on to rank r+1 at the next position
+  bool forward = false;   // the received span is sent on to rank r+1 at this lane's next position
+  std::size_t lane = 0;   // the segment's pipeline lane (Transport::select_lane)
 };
 
-// The whole ring for one rank, in issue order: segment by segment, and for each segment the
-// reduce-scatter steps then the all-gather steps.
+// The whole ring for one rank, in issue order. Segments are taken `lanes` at a time, segment s in
+// lane s % lanes; within such a group the positions go step by step, and within a step segment by
+// segment, so consecutive positions belong to different lanes and never depend on each other.
+// Each segment makes the reduce-scatter steps then the all-gather steps. With one lane this is
+// segment-major: every step of a segment before the next segment.
 std::vector<RingTransfer> ring_schedule(std::size_t numel, std::size_t elem_size, int world, int rank,
-                                        std::size_t segment_bytes);
+                                        std::size_t segment_bytes, std::size_t lanes = 1);
 
 // The central reducer moves the whole buffer, segment by segment.
 std::vector<Span> central_schedule(std::size_t numel, std::size_t elem_size, std::size_t segment_bytes);

@@ -14,24 +14,23 @@ std::shared_ptr<void> MessageTransport::allocate_staging(std::size_t bytes) {
   return std::shared_ptr<void>(memory, &std::free);
 }
 
-std::shared_ptr<void> MessageTransport::take_staging(std::size_t bytes, std::size_t* capacity) {
-  for (auto it = free_staging_.begin(); it != free_staging_.end(); ++it) {
-    if (it->second >= bytes) {
-      auto buffer = std::move(it->first);
-      *capacity = it->second;
-      free_staging_.erase(it);
-      return buffer;
+MessageTransport::Staging MessageTransport::take_staging(std::size_t bytes) {
+  if (free_staging_.size() <= lane_) free_staging_.resize(lane_ + 1);
+  std::vector<Staging>& pool = free_staging_[lane_];
+  for (auto it = pool.begin(); it != pool.end(); ++it) {
+    if (it->capacity >= bytes) {
+      Staging found = std::move(*it);
+      pool.erase(it);
+      return found;
     }
   }
-  *capacity = bytes;
-  return allocate_staging(bytes);
+  return Staging{allocate_staging(bytes), bytes};
 }
 
 Request MessageTransport::irecv_reduce(int peer, void* data, std::size_t bytes, const Reducer& reducer, bool last) {
-  std::size_t capacity = 0;
-  auto staging = take_staging(bytes, &capacity);
-  const Request request = irecv(peer, staging.get(), bytes);
-  pending_reduces_.emplace(request.id, PendingReduce{data, std::move(staging), capacity, bytes, &reducer, last});
+  Staging staging = take_staging(bytes);
+  const Request request = irecv(peer, staging.memory.get(), bytes);
+  pending_reduces_.emplace(request.id, PendingReduce{data, std::move(staging), lane_, bytes, &reducer, last});
   return request;
 }
 
@@ -69,9 +68,11 @@ void MessageTransport::complete(Request request) {
   if (it == pending_reduces_.end()) return;
   PendingReduce pending = std::move(it->second);
   pending_reduces_.erase(it);
-  pending.reducer->reduce(pending.dst, pending.staging.get(), pending.bytes / pending.reducer->element_size(),
+  // The reduction runs in the selected lane's order; only its own lane's order follows the receive.
+  RR_CHECK(pending.lane == lane_, "a receive posted in lane ", pending.lane, " was waited for in lane ", lane_);
+  pending.reducer->reduce(pending.dst, pending.staging.memory.get(), pending.bytes / pending.reducer->element_size(),
                           pending.last);
-  free_staging_.emplace_back(std::move(pending.staging), pending.staging_bytes);
+  free_staging_[pending.lane].push_back(std::move(pending.staging));
 }
 
 void RequestWindow::push(Request request) {

@@ -36,8 +36,17 @@ class Transport {
   virtual std::size_t default_segment_bytes() const = 0;
   // Whether an algorithm may post transfers beyond the one it waits for next. A transport that
   // must hand matching transfers over together (NCCL groups) says no; then algorithms post each
-  // exchange's send before its receive and wait for it at once.
+  // exchange's send and receive and wait for it at once.
   virtual bool can_post_ahead() const { return true; }
+  // Pipeline lanes (see select_lane): how many this transport can keep apart, and how many suit it.
+  virtual std::size_t max_lanes() const { return 1; }
+  virtual std::size_t default_lanes() const { return 1; }
+
+  // The lane that the transfers posted and waited for from now on belong to (below max_lanes());
+  // a receive is waited for in its own lane (its reduction runs there). Messages match in posting order within a lane;
+  // different lanes, and the reductions their receives feed, may proceed concurrently. Every
+  // collective starts in lane 0.
+  virtual void select_lane(std::size_t lane) { lane_ = lane; }
 
   // Send [data, data + bytes) to `peer`. The bytes must stay unchanged until wait() returns.
   virtual Request isend(int peer, const void* data, std::size_t bytes) = 0;
@@ -65,10 +74,14 @@ class Transport {
   virtual void begin_collective(const CollectiveHeader& header, bool check) {
     header_ = header;
     check_ = check;
+    select_lane(0);
   }
 
   // Wait for every send that irecv_forward() started.
   virtual void flush();
+
+  // The collective's transfers are all posted and waited for (not called after a failure).
+  virtual void end_collective() {}
 
   // After a failure: make the peers fail fast with the same notice instead of waiting out their
   // timeout, and stop touching the caller's buffers. Returns the notice the whole group reports
@@ -87,6 +100,7 @@ class Transport {
 
   CollectiveHeader header_;
   bool check_ = true;
+  std::size_t lane_ = 0;
 
  private:
   struct Forward {
@@ -112,19 +126,24 @@ class MessageTransport : public Transport {
   virtual std::shared_ptr<void> allocate_staging(std::size_t bytes);
 
  private:
+  struct Staging {
+    std::shared_ptr<void> memory;
+    std::size_t capacity;
+  };
   struct PendingReduce {
     void* dst;
-    std::shared_ptr<void> staging;
-    std::size_t staging_bytes;
+    Staging staging;
+    std::size_t lane;
     std::size_t bytes;
     const Reducer* reducer;
     bool last;
   };
-  std::shared_ptr<void> take_staging(std::size_t bytes, std::size_t* capacity);
+  Staging take_staging(std::size_t bytes);
 
   std::unordered_map<std::int64_t, PendingReduce> pending_reduces_;
-  // Released staging buffers with their sizes; at most as many as receive-reduces were ever in flight.
-  std::vector<std::pair<std::shared_ptr<void>, std::size_t>> free_staging_;
+  // Released staging buffers, per lane: a buffer is only reused in the lane whose order protects
+  // it from the reduction that last read it. At most as many as receive-reduces were in flight.
+  std::vector<std::vector<Staging>> free_staging_;
 };
 
 // Waits for the oldest request once more than `capacity` are in flight.

@@ -86,6 +86,24 @@ def test_ring_and_central_on_virtual_ranks_of_one_gpu(world, algorithm):
                                      f"{algorithm} world={world} numel={numel} {dtype} {op}")
 
 
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("lanes", ["1", "2"])
+def test_ring_in_one_and_two_lanes_on_virtual_ranks(world, lanes, monkeypatch):
+    # Two lanes (the GPU default) run consecutive segments on two streams per rank; one lane is the
+    # plain segment-major ring. Both must give the reference's bits.
+    monkeypatch.setenv("RINGREDUCE_LANES", lanes)
+    local = ringreduce.LocalWorld(world, timeout=datetime.timedelta(seconds=120), device="cuda")
+    for numel in (1, 10_007, (1 << 20) + 5):
+        for dtype in (torch.float32, torch.bfloat16, torch.int64):
+            for op in (R.SUM, R.MAX):
+                inputs = exact_inputs(world, numel, dtype, op)
+                tensors = [t.cuda() for t in inputs]
+                local.all_reduce(tensors, op=op, segment_bytes=4096)
+                torch.cuda.synchronize()
+                assert_bitwise_equal([t.cpu() for t in tensors], reference(inputs, op),
+                                     f"lanes={lanes} world={world} numel={numel} {dtype} {op}")
+
+
 def test_default_segments_and_random_floats_on_the_gpu():
     local = ringreduce.LocalWorld(4, device="cuda")
     gen = torch.Generator().manual_seed(11)

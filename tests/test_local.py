@@ -126,13 +126,41 @@ def test_segment_size_from_the_environment_reaches_many_segments(monkeypatch):
         assert_bitwise_equal(tensors, reference(inputs, R.SUM), algorithm)
 
 
-def test_bad_segment_size_environment_is_refused_before_any_data_moves(monkeypatch):
+@pytest.mark.parametrize("variable,value", [("RINGREDUCE_SEGMENT_BYTES", "lots"), ("RINGREDUCE_LANES", "0")])
+def test_bad_environment_is_refused_before_any_data_moves(variable, value, monkeypatch):
     world = world_of(2)
-    monkeypatch.setenv("RINGREDUCE_SEGMENT_BYTES", "lots")
+    monkeypatch.setenv(variable, value)
     tensors = [torch.ones(10), torch.ones(10)]
-    with pytest.raises(ValueError, match="RINGREDUCE_SEGMENT_BYTES"):
+    with pytest.raises(ValueError, match=variable):
         world.all_reduce(tensors)
     assert all(torch.equal(t, torch.ones(10)) for t in tensors)
+    # The world is still usable once the setting is fixed.
+    monkeypatch.delenv(variable)
+    world.all_reduce(tensors)
+    assert all(torch.equal(t, torch.full((10,), 2.0)) for t in tensors)
+
+
+@pytest.mark.parametrize("world", [2, 3, 5])
+@pytest.mark.parametrize("lanes", ["2", "3"])
+def test_ring_in_several_lanes_gives_the_reference_bits(world, lanes, monkeypatch):
+    # The hub keeps a channel per lane: the interleaved schedule must still pair every send with its receive.
+    monkeypatch.setenv("RINGREDUCE_LANES", lanes)
+    local = world_of(world)
+    for numel in (0, 1, world, 10_007):
+        for dtype in (torch.float32, torch.bfloat16, torch.int64):
+            for op in (R.SUM, R.AVG if dtype.is_floating_point else R.MAX):
+                inputs = exact_inputs(world, numel, dtype, op)
+                tensors = [t.clone() for t in inputs]
+                local.all_reduce(tensors, op=op, segment_bytes=1024)
+                assert_bitwise_equal(tensors, reference(inputs, op), f"lanes={lanes} numel={numel} {dtype} {op}")
+
+
+def test_more_lanes_than_the_hub_keeps_apart_are_capped(monkeypatch):
+    monkeypatch.setenv("RINGREDUCE_LANES", "64")
+    world = world_of(3)
+    tensors = [torch.full((5000,), float(r)) for r in range(3)]
+    world.all_reduce(tensors, segment_bytes=256)
+    assert all(torch.equal(t, torch.full((5000,), 3.0)) for t in tensors)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])

@@ -58,6 +58,18 @@ def test_disagreeing_ranks_all_raise_the_same_error_within_seconds(transport, ca
     assert all(elapsed < DETECTION_BUDGET_S for _, elapsed in results), results
 
 
+def _lanes_disagree(rank, world):
+    os.environ["RINGREDUCE_LANES"] = "2" if rank == 1 else "1"
+    with pytest.raises(ringreduce.MismatchError) as info:
+        ringreduce.all_reduce(torch.ones(1000), transport="pg")
+    return str(info.value)
+
+
+def test_ranks_running_different_lane_counts_raise_a_mismatch():
+    messages = run_ranks(3, _lanes_disagree, env={"RINGREDUCE_TIMEOUT": GENEROUS_TIMEOUT_S})
+    assert len(set(messages)) == 1 and "in 2 lanes" in messages[0], messages
+
+
 def test_disagreeing_local_ranks_raise_the_same_error():
     world = ringreduce.LocalWorld(3, timeout=datetime.timedelta(seconds=60))
     tensors = [torch.ones(1000), torch.ones(999), torch.ones(1000)]

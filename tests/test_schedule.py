@@ -6,7 +6,7 @@ import pytest
 from ringreduce import _C
 
 
-def simulate_ring(numel, elem_size, world, segment_bytes):
+def simulate_ring(numel, elem_size, world, segment_bytes, lanes=1):
     """Run the schedule of every rank as message passing; return per-rank contribution counts.
 
     holds[r][i, s] counts how many times rank s's input has entered element i on rank r.
@@ -14,7 +14,7 @@ def simulate_ring(numel, elem_size, world, segment_bytes):
     holds = [np.zeros((numel, world), dtype=np.int64) for _ in range(world)]
     for rank in range(world):
         holds[rank][:, rank] = 1
-    schedules = [_C.ring_schedule(numel, elem_size, world, rank, segment_bytes) for rank in range(world)]
+    schedules = [_C.ring_schedule(numel, elem_size, world, rank, segment_bytes, lanes) for rank in range(world)]
     lengths = {len(s) for s in schedules}
     assert len(lengths) == 1, "every rank must make the same number of transfers"
     for k in range(lengths.pop()):
@@ -38,8 +38,9 @@ def simulate_ring(numel, elem_size, world, segment_bytes):
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 5, 8, 16])
 @pytest.mark.parametrize("numel", [0, 1, 2, 7, 15, 16, 17, 100, 1001])
 @pytest.mark.parametrize("elem_size,segment_bytes", [(4, 1 << 20), (4, 36), (2, 10), (8, 8), (1, 3)])
-def test_ring_reduces_every_element_once_for_every_rank(world, numel, elem_size, segment_bytes):
-    holds, schedules = simulate_ring(numel, elem_size, world, segment_bytes)
+@pytest.mark.parametrize("lanes", [1, 2, 3])
+def test_ring_reduces_every_element_once_for_every_rank(world, numel, elem_size, segment_bytes, lanes):
+    holds, schedules = simulate_ring(numel, elem_size, world, segment_bytes, lanes)
     for rank in range(world):
         assert (holds[rank] == 1).all(), f"rank {rank}: an element misses or repeats a contribution"
     # Each element takes exactly one `last` reduction (where AVG divides), across all ranks.
@@ -55,16 +56,41 @@ def test_ring_reduces_every_element_once_for_every_rank(world, numel, elem_size,
 
 @pytest.mark.parametrize("world", [2, 3, 4, 7])
 @pytest.mark.parametrize("numel,segment_bytes", [(1, 4), (10, 4), (1000, 36), (4096, 1 << 20)])
-def test_every_send_after_a_segments_first_step_forwards_the_receive_before_it(world, numel, segment_bytes):
+@pytest.mark.parametrize("lanes", [1, 2, 3])
+def test_every_send_after_a_segments_first_step_forwards_its_lanes_receive_before_it(
+    world, numel, segment_bytes, lanes
+):
     steps = 2 * (world - 1)
     for rank in range(world):
-        schedule = _C.ring_schedule(numel, 4, world, rank, segment_bytes)
-        for k, (send_off, send_cnt, recv_off, recv_cnt, _, _, send_own, forward) in enumerate(schedule):
-            assert send_own == (k % steps == 0)
-            if not send_own:
-                before = schedule[k - 1]
-                assert before[7] and (before[2], before[3]) == (send_off, send_cnt)
-            assert forward == (k % steps != steps - 1)  # a segment's last all-gather step keeps what it gets
+        in_flight = {}  # lane -> (span received at the lane's last position, steps the segment made)
+        for send_off, send_cnt, recv_off, recv_cnt, _, _, send_own, forward, lane in _C.ring_schedule(
+            numel, 4, world, rank, segment_bytes, lanes
+        ):
+            assert 0 <= lane < lanes
+            if send_own:
+                assert lane not in in_flight, "a lane starts a segment before finishing the one it holds"
+                made = 0
+            else:
+                received, made = in_flight.pop(lane)
+                assert received == (send_off, send_cnt), "the send must pass on the lane's last receive"
+            made += 1
+            assert forward == (made < steps)  # a segment's last all-gather step keeps what it gets
+            if forward:
+                in_flight[lane] = ((recv_off, recv_cnt), made)
+        assert not in_flight, "a segment stopped before its last step"
+
+
+@pytest.mark.parametrize("world", [2, 3, 5])
+def test_one_lane_is_segment_major_and_two_lanes_alternate(world):
+    steps = 2 * (world - 1)
+    numel = 4 * world * 16  # four segments of 16 float32 per chunk
+    one = _C.ring_schedule(numel, 4, world, 0, 64, 1)
+    assert [t[6] for t in one] == [k % steps == 0 for k in range(len(one))]
+    assert {t[8] for t in one} == {0}
+    two = _C.ring_schedule(numel, 4, world, 0, 64, 2)
+    assert len(two) == 4 * steps
+    # Consecutive positions are in different lanes: one lane's transfer never waits for the other's reduction.
+    assert [t[8] for t in two] == [k % 2 for k in range(len(two))]
 
 
 def test_ring_moves_2_n_minus_1_over_n_of_the_buffer():

@@ -11,6 +11,7 @@ namespace cuda {
 // Segment of `local` ranks on a GPU: each segment costs a kernel launch and a few events (a few
 // microseconds), so segments are as large as NCCL's per-step buffer. Not yet measured on a GPU.
 constexpr std::size_t kDeviceSegmentBytes = 4 << 20;
+static_assert(kDeviceLanes <= kLocalMaxLanes, "the local hub needs a channel per device lane");
 
 class DeviceMemory final : public LocalMemory {
  public:
@@ -20,6 +21,11 @@ class DeviceMemory final : public LocalMemory {
   std::size_t segment_bytes() const override { return kDeviceSegmentBytes; }
   std::shared_ptr<void> record() override { return queue_.events().record(queue_.cuda_stream()); }
   void wait_for(const std::shared_ptr<void>& marker) override { queue_.wait(marker); }
+  std::size_t max_lanes() const override { return queue_.lanes(); }
+  std::size_t default_lanes() const override { return queue_.lanes(); }
+  void fork_lanes() override { queue_.fork_lanes(); }
+  void join_lanes() override { queue_.join_lanes(); }
+  void select_lane(std::size_t lane) override { queue_.select_lane(lane); }
 
  private:
   DeviceQueue& queue_;

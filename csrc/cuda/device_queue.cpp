@@ -33,22 +33,56 @@ std::shared_ptr<void> EventPool::record(cudaStream_t stream) {
   });
 }
 
-DeviceQueue::DeviceQueue(int device) : device_(device) {
+DeviceQueue::DeviceQueue(int device, std::size_t lanes) : device_(device) {
+  RR_CHECK(lanes >= 1, "a device queue needs at least one lane");
   const DeviceScope on(device);
-  RR_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  for (std::size_t lane = 0; lane < lanes; ++lane) {
+    cudaStream_t stream = nullptr;
+    const cudaError_t made = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    if (made != cudaSuccess) {
+      for (cudaStream_t created : streams_) cudaStreamDestroy(created);
+      RR_CUDA_CHECK(made);
+    }
+    streams_.push_back(stream);
+  }
 }
 
 DeviceQueue::~DeviceQueue() {
-  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  for (cudaStream_t stream : streams_) cudaStreamDestroy(stream);
+}
+
+void DeviceQueue::select_lane(std::size_t lane) {
+  RR_CHECK(lane < streams_.size(), "lane ", lane, " of a device queue with ", streams_.size());
+  lane_ = lane;
+}
+
+void DeviceQueue::fork_lanes() {
+  if (streams_.size() == 1) return;
+  const auto forked = events_.record(streams_[0]);
+  for (std::size_t lane = 1; lane < streams_.size(); ++lane) {
+    RR_CUDA_CHECK(cudaStreamWaitEvent(streams_[lane], static_cast<cudaEvent_t>(forked.get()), 0));
+  }
+}
+
+void DeviceQueue::join_lanes() {
+  lane_ = 0;
+  for (std::size_t lane = 1; lane < streams_.size(); ++lane) {
+    const auto done = events_.record(streams_[lane]);
+    RR_CUDA_CHECK(cudaStreamWaitEvent(streams_[0], static_cast<cudaEvent_t>(done.get()), 0));
+  }
+}
+
+void DeviceQueue::synchronize() {
+  for (cudaStream_t stream : streams_) cudaStreamSynchronize(stream);
 }
 
 void DeviceQueue::release_to(void* caller) {
-  const auto event = events_.record(stream_);
+  const auto event = events_.record(streams_[0]);
   RR_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(caller), static_cast<cudaEvent_t>(event.get()), 0));
 }
 
 void DeviceQueue::wait(const std::shared_ptr<void>& event) {
-  if (event) RR_CUDA_CHECK(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(event.get()), 0));
+  if (event) RR_CUDA_CHECK(cudaStreamWaitEvent(cuda_stream(), static_cast<cudaEvent_t>(event.get()), 0));
 }
 
 }  // namespace cuda

@@ -1,4 +1,5 @@
-// Where a GPU communicator's work runs: one CUDA stream, joined to the caller's stream by events.
+// Where a GPU communicator's work runs: CUDA streams of its own, joined to the caller's stream by
+// events.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -11,6 +12,12 @@
 
 namespace ringreduce {
 namespace cuda {
+
+// Pipeline lanes of a GPU communicator, one stream each: two, so that one lane's reduction kernel
+// runs while the other lane's transfer is in flight. NCCL runs one communicator's kernels one after
+// another, so a third lane would only queue behind the second. Not yet measured on a GPU
+// (RINGREDUCE_LANES=1 turns the overlap off for comparison).
+constexpr std::size_t kDeviceLanes = 2;
 
 // A pool of timing-free events. Ranks of one process share events across threads (a virtual rank
 // waits on its peer's), so the pool is locked.
@@ -33,27 +40,41 @@ class EventPool {
   std::shared_ptr<Free> free_ = std::make_shared<Free>();
 };
 
+// One stream per pipeline lane. Lane 0 is the main stream, the one the caller's stream is joined
+// to; the other lanes fork from it at fork_lanes() and join it again at join_lanes(). Work queued
+// through cuda_stream() (copies, reduction kernels, NCCL calls) goes to the selected lane.
 class DeviceQueue final : public StreamContext {
  public:
-  // An engine-owned stream on `device` (a non-blocking stream, so it never syncs with stream 0).
-  explicit DeviceQueue(int device);
+  // Engine-owned non-blocking streams on `device` (they never sync with stream 0).
+  DeviceQueue(int device, std::size_t lanes);
   ~DeviceQueue();
   DeviceQueue(const DeviceQueue&) = delete;
   DeviceQueue& operator=(const DeviceQueue&) = delete;
 
   int device() const { return device_; }
-  cudaStream_t cuda_stream() const { return stream_; }
+  std::size_t lanes() const { return streams_.size(); }
+  cudaStream_t cuda_stream() const { return streams_[lane_]; }
+  cudaStream_t lane_stream(std::size_t lane) const { return streams_.at(lane); }
   EventPool& events() { return events_; }
 
-  void* stream() const override { return stream_; }
+  void select_lane(std::size_t lane);
+  // Every lane waits for what the main stream holds now.
+  void fork_lanes();
+  // The main stream waits for every lane, and is selected again.
+  void join_lanes();
+  // Blocks until every lane is idle (teardown only).
+  void synchronize();
+
+  void* stream() const override { return streams_[0]; }
   std::shared_ptr<void> mark(void* stream) override { return events_.record(static_cast<cudaStream_t>(stream)); }
-  // Make our stream wait for an event recorded elsewhere (null: nothing to wait for).
+  // Make the selected lane wait for an event recorded elsewhere (null: nothing to wait for).
   void wait(const std::shared_ptr<void>& event) override;
   void release_to(void* caller) override;
 
  private:
   int device_;
-  cudaStream_t stream_ = nullptr;
+  std::vector<cudaStream_t> streams_;
+  std::size_t lane_ = 0;
   EventPool events_;
 };
 

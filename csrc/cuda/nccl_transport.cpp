@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "cuda_check.h"
 
@@ -45,7 +46,6 @@ NcclTransport::NcclTransport(Rendezvous& rendezvous, int rank, int world, Device
                              std::chrono::milliseconds timeout)
     : rank_(rank), world_(world), queue_(queue), timeout_(timeout) {
   const DeviceScope on(queue.device());
-  RR_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   ncclUniqueId id;
   if (rank == 0) {
     const ncclResult_t got = ncclGetUniqueId(&id);
@@ -63,58 +63,56 @@ NcclTransport::NcclTransport(Rendezvous& rendezvous, int rank, int world, Device
 
 NcclTransport::~NcclTransport() {
   if (comm_ != nullptr) {
-    // Transfers still queued on the stream must end before the communicator goes.
-    cudaStreamSynchronize(stream_);
+    // Transfers still queued must end before the communicator goes.
+    queue_.synchronize();
     ncclCommDestroy(comm_);
   }
-  if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
-Request NcclTransport::post(bool is_send, int peer, void* data, std::size_t bytes) {
-  const std::int64_t id = next_id_++;
-  // Sends read what the compute stream has written so far; receives must not overwrite what it
-  // still reads. Either way: wait for its current point.
-  transfers_.emplace(id, Transfer{is_send, peer, data, bytes, queue_.events().record(queue_.cuda_stream()), nullptr});
-  return Request{id};
+void NcclTransport::begin_collective(const CollectiveHeader& header, bool check) {
+  MessageTransport::begin_collective(header, check);
+  queue_.fork_lanes();
+}
+
+void NcclTransport::select_lane(std::size_t lane) {
+  MessageTransport::select_lane(lane);
+  queue_.select_lane(lane);
+}
+
+void NcclTransport::end_collective() {
+  RR_CHECK(unissued_.empty(), unissued_.size(), " transfers were posted and never waited for");
+  queue_.join_lanes();
 }
 
 Request NcclTransport::isend(int peer, const void* data, std::size_t bytes) {
-  return post(true, peer, const_cast<void*>(data), bytes);
+  return unissued_.hold({true, peer, const_cast<void*>(data), bytes, lane_});
 }
 
-Request NcclTransport::irecv(int peer, void* data, std::size_t bytes) { return post(false, peer, data, bytes); }
+Request NcclTransport::irecv(int peer, void* data, std::size_t bytes) {
+  return unissued_.hold({false, peer, data, bytes, lane_});
+}
 
-void NcclTransport::issue_through(std::int64_t id) {
-  if (id <= issued_through_) return;
-  // One group with every transfer posted since the last one: a ring step's send and receive match
-  // their peers' in the same group, so NCCL can run them together.
-  auto begin = transfers_.upper_bound(issued_through_);
-  auto end = transfers_.upper_bound(id);
-  for (auto it = begin; it != end; ++it) {
-    RR_CUDA_CHECK(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(it->second.ready.get()), 0));
-  }
+void NcclTransport::issue(const std::vector<HeldTransfer>& group) {
+  // One NCCL group per exchange, so NCCL runs its send and receive together. On the lane's stream
+  // the group starts after the lane's earlier work (the reduction that produced what it sends), and
+  // the lane's later work (the reduction of what it receives) waits for it.
+  const cudaStream_t stream = queue_.lane_stream(group.front().lane);
   finish(ncclGroupStart(), "ncclGroupStart");
-  for (auto it = begin; it != end; ++it) {
-    Transfer& t = it->second;
-    const ncclResult_t posted = t.is_send ? ncclSend(t.data, t.bytes, ncclUint8, t.peer, comm_, stream_)
-                                          : ncclRecv(t.data, t.bytes, ncclUint8, t.peer, comm_, stream_);
+  for (const HeldTransfer& t : group) {
+    const ncclResult_t posted = t.is_send ? ncclSend(t.data, t.bytes, ncclUint8, t.peer, comm_, stream)
+                                          : ncclRecv(t.data, t.bytes, ncclUint8, t.peer, comm_, stream);
     if (posted != ncclSuccess && posted != ncclInProgress) {
       ncclGroupEnd();
       finish(posted, t.is_send ? "ncclSend" : "ncclRecv");
     }
   }
   finish(ncclGroupEnd(), "ncclGroupEnd");
-  const auto done = queue_.events().record(stream_);
-  for (auto it = begin; it != end; ++it) it->second.done = done;
-  issued_through_ = id;
 }
 
 void NcclTransport::wait_transfer(Request request) {
-  auto it = transfers_.find(request.id);
-  RR_CHECK(it != transfers_.end(), "wait() on an unknown or finished request ", request.id);
-  issue_through(request.id);
-  queue_.wait(it->second.done);
-  transfers_.erase(it);
+  // Once issued, a transfer is complete in stream order for whatever its lane queues next.
+  const std::vector<HeldTransfer> group = unissued_.release(request);
+  if (!group.empty()) issue(group);
 }
 
 std::shared_ptr<void> NcclTransport::allocate_staging(std::size_t bytes) {
@@ -125,7 +123,14 @@ std::shared_ptr<void> NcclTransport::allocate_staging(std::size_t bytes) {
 }
 
 AbortNotice NcclTransport::abort_transfers(const AbortNotice& notice) {
-  transfers_.clear();
+  unissued_.clear();
+  // Work still queued on the lanes must stay ahead of the caller's (and of the allocator reusing
+  // its tensors, recorded on the main stream). A CUDA error here is dropped: the failure being
+  // reported is the one that matters.
+  try {
+    queue_.join_lanes();
+  } catch (const std::exception&) {
+  }
   if (comm_ != nullptr) ncclCommAbort(comm_);
   comm_ = nullptr;
   return notice;

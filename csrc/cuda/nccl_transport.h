@@ -1,17 +1,17 @@
 // `nccl`: point-to-point ncclSend/ncclRecv between the ranks of a group, on a communicator the
 // group owns (bootstrapped through the group's store, never borrowed from ProcessGroupNCCL).
 //
-// Every posted transfer waits for the point of the compute stream at which it was posted (an
-// event), runs on the transport's own stream, and the compute stream waits for it when the
-// algorithm waits. The host never blocks for the GPU.
+// A lane's transfers and the reductions they feed run in order on that lane's stream, so a
+// segment's next send follows its reduction with no event in between, and while one lane reduces
+// the other lane's transfer is in flight. The host never blocks for the GPU.
 #pragma once
 
 #include <nccl.h>
 
 #include <chrono>
-#include <map>
 #include <memory>
 
+#include "../exchange_groups.h"
 #include "../rendezvous.h"
 #include "../transport.h"
 #include "device_queue.h"
@@ -36,6 +36,14 @@ class NcclTransport final : public MessageTransport {
   // NCCL completes a group of operations together, on one stream: a receive posted ahead would
   // hold its whole group (and the stream behind it) until a send its peer posts only later.
   bool can_post_ahead() const override { return false; }
+  std::size_t max_lanes() const override { return queue_.lanes(); }
+  std::size_t default_lanes() const override { return queue_.lanes(); }
+
+  // Every lane starts after what the caller queued before the collective...
+  void begin_collective(const CollectiveHeader& header, bool check) override;
+  void select_lane(std::size_t lane) override;
+  // ...and the caller's later work waits for every lane.
+  void end_collective() override;
 
   Request isend(int peer, const void* data, std::size_t bytes) override;
   Request irecv(int peer, void* data, std::size_t bytes) override;
@@ -48,27 +56,15 @@ class NcclTransport final : public MessageTransport {
   AbortNotice abort_transfers(const AbortNotice& notice) override;
 
  private:
-  struct Transfer {
-    bool is_send;
-    int peer;
-    void* data;
-    std::size_t bytes;
-    std::shared_ptr<void> ready;  // compute-stream point the transfer must wait for
-    std::shared_ptr<void> done;   // set once issued: the transport stream's point after its group
-  };
-  Request post(bool is_send, int peer, void* data, std::size_t bytes);
-  void issue_through(std::int64_t id);
+  void issue(const std::vector<HeldTransfer>& group);
   void finish(ncclResult_t result, const char* what);
 
   int rank_;
   int world_;
   DeviceQueue& queue_;
   std::chrono::milliseconds timeout_;
-  cudaStream_t stream_ = nullptr;  // where the NCCL kernels run
   ncclComm_t comm_ = nullptr;
-  std::map<std::int64_t, Transfer> transfers_;  // posted and not yet waited for, by id
-  std::int64_t next_id_ = 0;
-  std::int64_t issued_through_ = -1;  // every transfer up to this id has been handed to NCCL
+  ExchangeGroups unissued_;  // posted and not yet handed to NCCL
 };
 
 // "major.minor.patch" of the NCCL library loaded at run time.
