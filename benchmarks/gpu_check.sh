@@ -27,8 +27,8 @@ step() { printf '\n== %s (%s)\n' "$1" "$(date -u +%H:%M:%S)"; }
   step "kernel benchmark"
   timeout 150 "$PY" benchmarks/kernel_bench.py --json "$RESULTS/kernel_bench.json"
 
-  step "all-reduce benchmark: 4 virtual ranks on one GPU"
-  timeout 150 "$PY" -m ringreduce.bench --gpu only --world 4 --sizes 1M,16M,64M,256M --progress 0 \
+  step "all-reduce benchmark: 4 virtual ranks on one GPU, ring in one and two lanes beside the default"
+  timeout 180 "$PY" -m ringreduce.bench --gpu only --world 4 --sizes 1M,16M,64M,256M --lanes 1,2 --progress 0 \
     --json "$RESULTS/bench_gpu.json"
   step "done"
 } 2>&1 | tee "$RESULTS/gpu-check.txt"

@@ -12,6 +12,7 @@ pass that checks the result against its closed form.
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -83,7 +84,7 @@ def parse_args(argv=None):
     parser.add_argument("-f", "--stepfactor", type=int, default=4, help="size multiplier between rows")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     parser.add_argument("--op", choices=sorted(OPS), default="sum")
-    parser.add_argument("--iters", type=int, default=0, help="timed calls per row (0: about 0.4 s per row)")
+    parser.add_argument("--iters", type=int, default=0, help="timed calls per row (0: about 0.5 s per row)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls before timing")
     parser.add_argument("--trials", type=int, default=DEFAULT_TRIALS, help="timed trials per row (median reported)")
     parser.add_argument("--check", type=int, choices=(0, 1), default=1, help="run the untimed correctness pass")
@@ -92,6 +93,8 @@ def parse_args(argv=None):
     parser.add_argument("--no-torch", action="store_true", help="skip the torch.distributed rows")
     parser.add_argument("--unchecked", action="store_true",
                         help="add ring rows that skip the cross-rank check of each call (RINGREDUCE_CHECK_CALLS=0)")
+    parser.add_argument("--lanes", default="", metavar="LIST",
+                        help="add ring rows run with RINGREDUCE_LANES set to each count, e.g. 1,2 (GPU default 2, CPU 1)")
     parser.add_argument("--no-mpi", action="store_true", help="skip the OpenMPI rows even when mpi4py is present")
     parser.add_argument("--gpu", choices=("auto", "off", "only"), default="auto",
                         help="GPU rows: NCCL across processes with a GPU each, else virtual ranks on one GPU")
@@ -196,13 +199,31 @@ def timed_trials(calls, args, barrier, slowest, agree, sync=_nothing, settings=N
 
 
 @contextlib.contextmanager
-def calls_unchecked():
-    """Rows that run without comparing each call across ranks, to show what the check costs."""
-    os.environ["RINGREDUCE_CHECK_CALLS"] = "0"
+def environment(name, value):
+    """Rows run with one engine setting changed, to show what it is worth beside the default rows."""
+    previous = os.environ.get(name)
+    os.environ[name] = value
     try:
         yield
     finally:
-        os.environ.pop("RINGREDUCE_CHECK_CALLS", None)
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous
+
+
+# Transports that run one lane whatever RINGREDUCE_LANES asks (shm matches slots in posting order):
+# --lanes rows would only repeat their default row.
+ONE_LANE_TRANSPORTS = ("shm",)
+
+
+def setting_variants(args, transport=None):
+    """(algorithm label, setting) of the extra ring rows that --unchecked and --lanes ask for."""
+    lanes = [n for n in args.lanes.split(",") if n] if transport not in ONE_LANE_TRANSPORTS else []
+    variants = [(f"ring lanes={n}", functools.partial(environment, "RINGREDUCE_LANES", n)) for n in lanes]
+    if args.unchecked:
+        variants.append(("ring unchecked", functools.partial(environment, "RINGREDUCE_CHECK_CALLS", "0")))
+    return variants
 
 
 def count_wrong(call, rank, world, numel, dtype, op, device="cpu") -> int:
@@ -229,9 +250,9 @@ def process_rows(args, rank, world):
                 rows.append(("ringreduce", algorithm, transport, "cpu",
                              lambda t, op, a=algorithm, tr=transport: ringreduce.all_reduce(t, op, algorithm=a, transport=tr),
                              contextlib.nullcontext))
-            if args.unchecked:
-                rows.append(("ringreduce", "ring unchecked", transport, "cpu",
-                             lambda t, op, tr=transport: ringreduce.all_reduce(t, op, transport=tr), calls_unchecked))
+            for label, setting in setting_variants(args, transport):
+                rows.append(("ringreduce", label, transport, "cpu",
+                             lambda t, op, tr=transport: ringreduce.all_reduce(t, op, transport=tr), setting))
         if not args.no_torch:
             rows.append(("torch.distributed", "-", dist.get_backend(), "cpu", lambda t, op: dist.all_reduce(t, op),
                          contextlib.nullcontext))
@@ -243,6 +264,9 @@ def process_rows(args, rank, world):
             rows.append(("ringreduce", algorithm, "nccl", f"cuda:{rank}",
                          lambda t, op, a=algorithm: ringreduce.all_reduce(t, op, algorithm=a, transport="nccl"),
                          contextlib.nullcontext))
+        for label, setting in setting_variants(args):
+            rows.append(("ringreduce", label, "nccl", f"cuda:{rank}",
+                         lambda t, op: ringreduce.all_reduce(t, op, transport="nccl"), setting))
         rows.append(("torch.distributed", "-", "nccl", f"cuda:{rank}",
                      lambda t, op: dist.all_reduce(t, op, group=nccl_group), contextlib.nullcontext))
     return rows
@@ -272,27 +296,30 @@ def run_sweep(args, rank, world):
 
 
 def virtual_gpu_rows(args, world):
-    """Ring and central with `world` virtual ranks on one GPU (threads, a stream each), timed here.
+    """Ring and central with `world` virtual ranks on one GPU (threads, streams of their own), timed here.
 
     NCCL refuses two ranks on one GPU, so on a single-GPU machine this is how the GPU ring runs.
     """
     dtype, op = DTYPES[args.dtype], OPS[args.op]
-    algorithms = [a for a in args.algorithms.split(",") if a]
+    rows = [(a, a, contextlib.nullcontext) for a in args.algorithms.split(",") if a]
+    rows += [(label, "ring", setting) for label, setting in setting_variants(args)]
     local = ringreduce.LocalWorld(world, device="cuda")
     records = []
     for size in size_sweep(args):
         numel = max(1, size // torch.empty((), dtype=dtype).element_size())
-        tensor_sets = [[torch.zeros(numel, dtype=dtype, device="cuda") for _ in range(world)] for _ in algorithms]
-        calls = [lambda a=a, ts=ts: local.all_reduce(ts, op, algorithm=a) for a, ts in zip(algorithms, tensor_sets)]
-        seconds = timed_trials(calls, args, _nothing, lambda t: t, lambda n: n, torch.cuda.synchronize)
-        for algorithm, row_seconds in zip(algorithms, seconds):
+        tensor_sets = [[torch.zeros(numel, dtype=dtype, device="cuda") for _ in range(world)] for _ in rows]
+        calls = [lambda a=row[1], ts=ts: local.all_reduce(ts, op, algorithm=a) for row, ts in zip(rows, tensor_sets)]
+        seconds = timed_trials(calls, args, _nothing, lambda t: t, lambda n: n, torch.cuda.synchronize,
+                               [row[2] for row in rows])
+        for (label, algorithm, setting), row_seconds in zip(rows, seconds):
             wrong = -1
             if args.check:
                 inputs = [bench_inputs(r, world, numel, dtype, op).cuda() for r in range(world)]
-                local.all_reduce(inputs, op, algorithm=algorithm)
+                with setting():
+                    local.all_reduce(inputs, op, algorithm=algorithm)
                 expected = expected_result(world, numel, dtype, op)
                 wrong = sum(int((t.cpu() != expected).sum()) for t in inputs)
-            records.append(report.record("ringreduce", algorithm, "local-cuda", world, args.dtype, args.op, size, numel,
+            records.append(report.record("ringreduce", label, "local-cuda", world, args.dtype, args.op, size, numel,
                                          row_seconds, wrong))
     return records
 
