@@ -1,6 +1,7 @@
 """The drop-in all_reduce."""
 
 import atexit
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -45,6 +46,11 @@ def all_reduce(
     if not isinstance(tensor, torch.Tensor):
         tensor = as_tensor(tensor)
     check_tensor(tensor, code)
+    if group is dist.GroupMember.NON_GROUP_MEMBER:
+        # What torch.distributed does on a rank outside the group: warn, leave the tensor alone.
+        warnings.warn(f"ringreduce.all_reduce on global rank {dist.get_rank()}, which does not belong to the given "
+                      "group: nothing was reduced", stacklevel=2)
+        return None
     comm = communicator(group, tensor, transport, algorithm)
     work = comm.all_reduce(tensor, code, algorithm_code(algorithm), check_segment_bytes(segment_bytes), root, async_op)
     return work if async_op else None

@@ -1,5 +1,7 @@
 """The process transports (`pg` over gloo, `shm`) in separate processes, against torch.distributed.all_reduce."""
 
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -63,3 +65,54 @@ def test_matches_torch_distributed_for_every_dtype_and_op(world, transport):
 def test_random_floats_and_async_handles(world, transport):
     digests = run_ranks(world, _random_floats_and_async, transport)
     assert all(d == digests[0] for d in digests), "ranks hold different bits"
+
+
+def _in_lanes(rank, world):
+    checks = 0
+    for lanes in ("1", "2", "3"):
+        os.environ["RINGREDUCE_LANES"] = lanes
+        for numel in sorted({0, 1, world, 10_007, 99_991}):
+            for dtype in (torch.float32, torch.bfloat16, torch.int64):
+                for op in (R.SUM, R.MAX):
+                    inputs = exact_inputs(world, numel, dtype, op)
+                    mine = inputs[rank].clone()
+                    ringreduce.all_reduce(mine, op, algorithm="ring", transport="pg", segment_bytes=4096)
+                    assert torch.equal(mine, reference(inputs, op)), f"lanes={lanes} numel={numel} {dtype} {op}"
+                    checks += 1
+    return checks
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_pg_ring_in_several_lanes_matches_the_reference(world):
+    # pg keeps lanes apart by tag, so this runs the interleaved schedule, per-lane staging and
+    # lane-ordered matching that the nccl transport relies on.
+    checks = run_ranks(world, _in_lanes)
+    assert checks[0] == 3 * len({0, 1, world, 10_007, 99_991}) * 3 * 2 and len(set(checks)) == 1
+
+
+def _subgroups(rank, world, transport):
+    evens = dist.new_group([0, 2])  # collective: every rank creates every group
+    tail = dist.new_group([1, 2])
+    t = torch.full((10_007,), float(rank + 1))
+    if rank in (0, 2):
+        ringreduce.all_reduce(t, group=evens, transport=transport)
+        assert torch.equal(t, torch.full_like(t, 4.0))  # 1 + 3: rank 1 took no part
+    else:
+        with pytest.warns(UserWarning, match="does not belong"):
+            assert ringreduce.all_reduce(t, group=evens, transport=transport) is None
+        assert torch.equal(t, torch.full_like(t, 2.0)), "a rank outside the group must keep its tensor"
+    u = torch.full((3,), float(rank))
+    if rank in (1, 2):
+        # Group rank 1 is global rank 2: the root is given in group ranks, as in torch.distributed.
+        ringreduce.all_reduce(u, group=tail, algorithm="central", root=1, transport=transport)
+        assert torch.equal(u, torch.full_like(u, 3.0))
+    # Both subgroups share the default group's store: WORLD still works beside them.
+    v = torch.ones(100)
+    ringreduce.all_reduce(v, transport=transport)
+    assert torch.equal(v, torch.full_like(v, 3.0))
+    return True
+
+
+@pytest.mark.parametrize("transport", ["pg", "shm"])
+def test_subgroups_reduce_among_their_members_only(transport):
+    assert run_ranks(3, _subgroups, transport) == [True, True, True]
