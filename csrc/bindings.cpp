@@ -297,10 +297,11 @@ py::dict build_info() {
 }
 
 #if defined(RINGREDUCE_WITH_CUDA)
-// A GPU communicator: its streams, the transport on them, and reducers that launch on them. The
-// communicator owns the queue and destroys it after the transport and reducers.
+// A GPU communicator on `device`: its streams (one per lane), the transport on them, and reducers
+// that launch on them. The communicator owns the queue and destroys it after the transport and reducers.
 std::shared_ptr<Communicator> make_device_communicator(
-    std::unique_ptr<cuda::DeviceQueue> queue, const std::function<std::unique_ptr<Transport>(cuda::DeviceQueue&)>& transport) {
+    int device, const std::function<std::unique_ptr<Transport>(cuda::DeviceQueue&)>& transport) {
+  auto queue = std::make_unique<cuda::DeviceQueue>(device, cuda::kDeviceLanes);
   const cuda::DeviceQueue* streams = queue.get();
   auto made = transport(*queue);
   return make_communicator(
@@ -352,7 +353,7 @@ PYBIND11_MODULE(_C, m) {
             continue;
           }
 #if defined(RINGREDUCE_WITH_CUDA)
-          ranks.push_back(make_device_communicator(std::make_unique<cuda::DeviceQueue>(device, cuda::kDeviceLanes), [&](cuda::DeviceQueue& queue) {
+          ranks.push_back(make_device_communicator(device, [&](cuda::DeviceQueue& queue) {
             return std::make_unique<LocalTransport>(hub, rank, std::make_unique<cuda::DeviceMemory>(queue));
           }));
 #else
@@ -388,7 +389,7 @@ PYBIND11_MODULE(_C, m) {
       "nccl_communicator",
       [](c10d::Store& store, int rank, int world, int device, double timeout_s) {
         StoreRendezvous rendezvous(store);
-        return make_device_communicator(std::make_unique<cuda::DeviceQueue>(device, cuda::kDeviceLanes), [&](cuda::DeviceQueue& queue) {
+        return make_device_communicator(device, [&](cuda::DeviceQueue& queue) {
           return std::make_unique<cuda::NcclTransport>(rendezvous, rank, world, queue, to_millis(timeout_s));
         });
       },

@@ -55,10 +55,9 @@ void Communicator::all_reduce(const AllReduceArgs& args) {
       args.segment_bytes > 0 ? args.segment_bytes : transport_->default_segment_bytes();
   const Reducer& reducer = this->reducer(args.dtype, args.op);
   const std::size_t wanted_lanes = positive_from_env(kLanesEnv, "1");
+  const std::size_t asked_lanes = wanted_lanes > 0 ? wanted_lanes : transport_->default_lanes();
   const std::size_t lanes =
-      args.algorithm != Algorithm::Ring
-          ? 1
-          : std::min({transport_->max_lanes(), kMaxHeaderLanes, wanted_lanes > 0 ? wanted_lanes : transport_->default_lanes()});
+      args.algorithm != Algorithm::Ring ? 1 : std::min({transport_->max_lanes(), kMaxHeaderLanes, asked_lanes});
   CollectiveHeader header;
   header.sequence = sequence_++;
   header.numel = args.numel;

@@ -45,7 +45,9 @@ class TracingTransport final : public MessageTransport {
   Request isend(int peer, const void* data, std::size_t bytes) override {
     return groups_.hold({true, peer, const_cast<void*>(data), bytes, lane_});
   }
-  Request irecv(int peer, void* data, std::size_t bytes) override { return groups_.hold({false, peer, data, bytes, lane_}); }
+  Request irecv(int peer, void* data, std::size_t bytes) override {
+    return groups_.hold({false, peer, data, bytes, lane_});
+  }
 
   std::size_t held() const { return groups_.size(); }
   std::vector<std::vector<TracedTransfer>> traced;

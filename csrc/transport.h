@@ -43,9 +43,9 @@ class Transport {
   virtual std::size_t default_lanes() const { return 1; }
 
   // The lane that the transfers posted and waited for from now on belong to (below max_lanes());
-  // a receive is waited for in its own lane (its reduction runs there). Messages match in posting order within a lane;
-  // different lanes, and the reductions their receives feed, may proceed concurrently. Every
-  // collective starts in lane 0.
+  // a receive is waited for in its own lane (its reduction runs there). Messages match in posting
+  // order within a lane; different lanes, and the reductions their receives feed, may proceed
+  // concurrently. Every collective starts in lane 0.
   virtual void select_lane(std::size_t lane) { lane_ = lane; }
 
   // Send [data, data + bytes) to `peer`. The bytes must stay unchanged until wait() returns.

@@ -43,7 +43,8 @@ def run_groups(groups_per_rank):
         for (is_send, key, index), nbytes in running.items():
             partner = (not is_send, key, index)
             if partner in running:
-                assert running[partner] == nbytes, f"{key} message {index}: {nbytes} bytes sent, {running[partner]} expected"
+                sent, expected = (nbytes, running[partner]) if is_send else (running[partner], nbytes)
+                assert sent == expected, f"{key} message {index}: {sent} bytes sent, {expected} expected"
                 if (is_send, key, index) not in done:
                     done.add((is_send, key, index))
                     progress = True
