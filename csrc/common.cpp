@@ -29,20 +29,23 @@ const char* op_name(ReduceOp op) {
 
 const char* algorithm_name(Algorithm algorithm) { return algorithm == Algorithm::Ring ? "ring" : "central"; }
 
-std::string describe(const CollectiveHeader& header) {
+std::string describe(const CollectiveHeader& header, const CollectiveHeader& other) {
   const auto algorithm = static_cast<Algorithm>(header.algorithm);
   std::string text = detail::concat(header.numel, " x ", dtype_name(static_cast<DType>(header.dtype)), ", ",
                                     op_name(static_cast<ReduceOp>(header.op)), ", ", algorithm_name(algorithm));
   if (algorithm == Algorithm::Central) text += detail::concat(" at root ", header.root);
-  if (header.lanes != 1) text += detail::concat(" in ", static_cast<int>(header.lanes), " lanes");
+  if (header.segment_bytes != other.segment_bytes) {
+    text += detail::concat(" in segments of ", header.segment_bytes, " bytes");
+  }
+  if (header.lanes != other.lanes) text += detail::concat(" in ", static_cast<int>(header.lanes), " lanes");
   return text + detail::concat(" (collective #", header.sequence, ")");
 }
 
 void throw_mismatch(int rank, const CollectiveHeader& mine, int peer, const CollectiveHeader& theirs) {
   throw MismatchError(detail::concat(
-      "ringreduce: the ranks disagree on this all-reduce: rank ", peer, " has ", describe(theirs), ", rank ", rank,
-      " has ", describe(mine), ". Every rank of the group must make the same calls, in the same order, with the same "
-      "numel, dtype, op and algorithm (and root, and RINGREDUCE_LANES); recreate the group's communicators with ringreduce.destroy(group)"));
+      "ringreduce: the ranks disagree on this all-reduce: rank ", peer, " has ", describe(theirs, mine), ", rank ",
+      rank, " has ", describe(mine, theirs), ". Every rank of the group must make the same calls, in the same order, with the same "
+      "numel, dtype, op and algorithm (and root, segment size and RINGREDUCE_LANES); recreate the group's communicators with ringreduce.destroy(group)"));
 }
 
 void AbortNotice::raise() const {

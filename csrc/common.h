@@ -55,21 +55,24 @@ class MismatchError : public std::runtime_error {
 struct CollectiveHeader {
   std::uint64_t sequence = 0;  // collectives issued on this communicator before this one
   std::uint64_t numel = 0;
-  std::int32_t root = 0;       // central reducer only
+  std::uint64_t segment_bytes = 0;  // pipeline segment size of the call
+  std::int32_t root = 0;            // central reducer only
   std::uint8_t dtype = 0;
   std::uint8_t op = 0;
   std::uint8_t algorithm = 0;
   std::uint8_t lanes = 1;      // pipeline lanes of the ring (RINGREDUCE_LANES)
 
   bool operator==(const CollectiveHeader& other) const {
-    return sequence == other.sequence && numel == other.numel && dtype == other.dtype && op == other.op &&
-           algorithm == other.algorithm && lanes == other.lanes && (algorithm != 1 || root == other.root);
+    return sequence == other.sequence && numel == other.numel && segment_bytes == other.segment_bytes &&
+           dtype == other.dtype && op == other.op && algorithm == other.algorithm && lanes == other.lanes &&
+           (algorithm != 1 || root == other.root);
   }
   bool operator!=(const CollectiveHeader& other) const { return !(*this == other); }
 };
 
-// "1000 x float32, SUM, ring (collective #5)".
-std::string describe(const CollectiveHeader& header);
+// "1000 x float32, SUM, ring (collective #5)"; the segment size and lanes are named when they
+// differ from `other`'s.
+std::string describe(const CollectiveHeader& header, const CollectiveHeader& other);
 
 // The error every rank raises when `mine` (ours) and `theirs` (peer's) differ.
 [[noreturn]] void throw_mismatch(int rank, const CollectiveHeader& mine, int peer, const CollectiveHeader& theirs);

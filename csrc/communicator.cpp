@@ -61,6 +61,7 @@ void Communicator::all_reduce(const AllReduceArgs& args) {
   CollectiveHeader header;
   header.sequence = sequence_++;
   header.numel = args.numel;
+  header.segment_bytes = segment_bytes;
   header.root = args.root;
   header.dtype = static_cast<std::uint8_t>(args.dtype);
   header.op = static_cast<std::uint8_t>(args.op);

@@ -27,6 +27,7 @@ MISMATCHES = {
     "op": lambda rank: (torch.ones(1000), {"op": R.MAX if rank == 1 else R.SUM}),
     "algorithm": lambda rank: (torch.ones(1000), {"algorithm": "central" if rank == 0 else "ring"}),
     "empty": lambda rank: (torch.ones(0 if rank == 2 else 1000), {}),
+    "segment size": lambda rank: (torch.ones(1000), {"segment_bytes": 512 if rank == 1 else 1024}),
 }
 
 
@@ -55,6 +56,8 @@ def test_disagreeing_ranks_all_raise_the_same_error_within_seconds(transport, ca
     assert len(messages) == 1 and None not in messages, results
     message = messages.pop()
     assert "disagree" in message and message.count(" has ") == 2  # names both calls
+    if case == "segment size":
+        assert "in segments of 512 bytes" in message and "in segments of 1024 bytes" in message
     assert all(elapsed < DETECTION_BUDGET_S for _, elapsed in results), results
 
 
