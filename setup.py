@@ -87,7 +87,8 @@ def extension():
             os.environ["TORCH_CUDA_ARCH_LIST"] = DEFAULT_CUDA_ARCHS
     from torch.utils.cpp_extension import CppExtension, CUDAExtension
 
-    sources = sorted(glob.glob(os.path.join("csrc", "*.cpp")))
+    # Every room of csrc/ but cuda/, which only a CUDA build compiles (csrc/README.md).
+    sources = sorted(s for s in glob.glob(os.path.join("csrc", "*", "*.cpp")) if not s.startswith(os.path.join("csrc", "cuda", "")))
     defines = [("RINGREDUCE_VERSION", f'"{VERSION}"'), ("RINGREDUCE_TORCH_VERSION", f'"{torch.__version__}"')]
     # -fno-trapping-math lets the compiler turn the 16-bit conversions' selects into vector code
     # (no FP exceptions are ever unmasked); hidden visibility is what pybind11 expects.

@@ -13,7 +13,7 @@ import sys
 import torch
 
 from ringreduce import _C
-from ringreduce.bench import parse_size
+from ringreduce.bench.options import parse_size
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_SIZES = "1M,4M,16M,64M,256M,1G"

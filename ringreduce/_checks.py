@@ -5,9 +5,9 @@ import torch
 import torch.distributed as dist
 
 _RED_OP = dist.ReduceOp.RedOpType
-# Engine codes (csrc/common.h, enum ReduceOp).
+# Engine codes (csrc/core/common.h, enum ReduceOp).
 OP_CODES = {_RED_OP.SUM: 0, _RED_OP.AVG: 1, _RED_OP.MIN: 2, _RED_OP.MAX: 3, _RED_OP.PRODUCT: 4}
-# Engine codes (csrc/common.h, enum Algorithm).
+# Engine codes (csrc/core/common.h, enum Algorithm).
 ALGORITHM_CODES = {"ring": 0, "central": 1}
 
 SUPPORTED_DTYPES = (
@@ -57,7 +57,7 @@ _SUM, _AVG = OP_CODES[_RED_OP.SUM], OP_CODES[_RED_OP.AVG]
 def check_tensor(tensor, op_code_: int) -> None:
     """Raise TypeError for a tensor whose type or dtype ringreduce cannot reduce with this op.
 
-    Cheap on the common path. The engine refuses sparse and meta tensors itself (bindings.cpp).
+    Cheap on the common path. The engine refuses sparse and meta tensors itself (csrc/python/bindings.cpp).
     """
     is_integer = _DTYPE_IS_INTEGER.get(getattr(tensor, "dtype", None))
     if is_integer is None:

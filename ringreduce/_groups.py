@@ -1,5 +1,6 @@
 """Which communicator serves a call: one per (group, transport), created collectively on first use."""
 
+import abc
 import datetime
 import os
 import socket
@@ -15,6 +16,14 @@ _CUDA_BUILT = _C.build_info()["cuda"]
 TRANSPORT_DEVICES = {"local": ("cpu", "cuda") if _CUDA_BUILT else ("cpu",), "pg": ("cpu",), "shm": ("cpu",)}
 if _CUDA_BUILT:
     TRANSPORT_DEVICES["nccl"] = ("cuda",)
+
+class CommunicatorSource(abc.ABC):
+    """A group that holds its own communicators (a LocalWorld rank) instead of a torch group."""
+
+    @abc.abstractmethod
+    def communicator(self, device, transport):
+        """The communicator for tensors on `device`; raises ValueError for a transport it cannot serve."""
+
 
 _lock = threading.Lock()
 _world = dist.distributed_c10d._world
@@ -137,10 +146,8 @@ def communicator(group, tensor, transport, algorithm):
 
 
 def _resolve(group, device, transport):
-    from ringreduce.local import LocalGroup
-
     device_type = device.type
-    if isinstance(group, LocalGroup):
+    if isinstance(group, CommunicatorSource):
         return group.communicator(device, transport)
     if transport == "local":
         raise ValueError("transport 'local' runs ranks as threads of one process: pass a ringreduce.LocalWorld group")

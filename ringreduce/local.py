@@ -6,12 +6,14 @@ import torch
 import torch.distributed as dist
 
 from ringreduce import _C
+from ringreduce._groups import CommunicatorSource
+from ringreduce.collectives import all_reduce
 
 # Long enough for a 1 GiB reduction on a loaded machine, short enough that a bug fails a test.
 DEFAULT_LOCAL_TIMEOUT = datetime.timedelta(minutes=5)
 
 
-class LocalGroup:
+class LocalGroup(CommunicatorSource):
     """One rank of a LocalWorld; pass it as ``group=`` from that rank's thread."""
 
     def __init__(self, world, rank):
@@ -66,8 +68,6 @@ class LocalWorld:
 
     def all_reduce(self, tensors, op=dist.ReduceOp.SUM, algorithm="ring", **kwargs) -> None:
         """Run one all-reduce on every rank at once: ``tensors[r]`` is rank r's tensor (or array)."""
-        from ringreduce.collectives import all_reduce
-
         if len(tensors) != self.size:
             raise ValueError(f"expected {self.size} tensors (one per rank), got {len(tensors)}")
         works = [

@@ -10,7 +10,6 @@ import time
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import ringreduce
 from multiproc import run_ranks

@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "../common.h"
+#include "core/common.h"
 
 #define RR_CUDA_CHECK(call)                                                                            \
   do {                                                                                                 \

@@ -1,9 +1,9 @@
-#include "cuda_reducer.h"
+#include "cuda/cuda_reducer.h"
 
 #include <stdexcept>
 
-#include "cuda_check.h"
-#include "reduce_kernels.h"
+#include "cuda/cuda_check.h"
+#include "cuda/reduce_kernels.h"
 
 namespace ringreduce {
 namespace cuda {

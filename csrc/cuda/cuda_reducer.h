@@ -4,8 +4,8 @@
 
 #include <memory>
 
-#include "../reducer.h"
-#include "device_queue.h"
+#include "core/reducer.h"
+#include "cuda/device_queue.h"
 
 namespace ringreduce {
 namespace cuda {

@@ -2,8 +2,8 @@
 // stream when data is ready or has been consumed. The host never waits for the GPU.
 #pragma once
 
-#include "../local_transport.h"
-#include "device_queue.h"
+#include "cuda/device_queue.h"
+#include "transports/local.h"
 
 namespace ringreduce {
 namespace cuda {

@@ -9,7 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "../reduce_ops.h"
+#include "core/reduce_ops.h"
 
 namespace ringreduce {
 namespace cuda {

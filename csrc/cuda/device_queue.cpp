@@ -1,6 +1,6 @@
-#include "device_queue.h"
+#include "cuda/device_queue.h"
 
-#include "cuda_check.h"
+#include "cuda/cuda_check.h"
 
 namespace ringreduce {
 namespace cuda {

@@ -8,7 +8,7 @@
 #include <mutex>
 #include <vector>
 
-#include "../communicator.h"
+#include "core/stream_context.h"
 
 namespace ringreduce {
 namespace cuda {

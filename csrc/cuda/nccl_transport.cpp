@@ -1,10 +1,10 @@
-#include "nccl_transport.h"
+#include "cuda/nccl_transport.h"
 
 #include <cstring>
 #include <thread>
 #include <vector>
 
-#include "cuda_check.h"
+#include "cuda/cuda_check.h"
 
 namespace ringreduce {
 namespace cuda {

@@ -11,10 +11,10 @@
 #include <chrono>
 #include <memory>
 
-#include "../exchange_groups.h"
-#include "../rendezvous.h"
-#include "../transport.h"
-#include "device_queue.h"
+#include "core/rendezvous.h"
+#include "core/transport.h"
+#include "cuda/device_queue.h"
+#include "transports/exchange_groups.h"
 
 namespace ringreduce {
 namespace cuda {

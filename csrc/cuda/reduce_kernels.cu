@@ -1,10 +1,10 @@
 // The reduction kernels: dst = dst op src (and optionally copy = the result) for every dtype and op.
-#include "reduce_kernels.h"
+#include "cuda/reduce_kernels.h"
 
 #include <algorithm>
 #include <cstdint>
 
-#include "device_ops.cuh"
+#include "cuda/device_ops.cuh"
 
 namespace ringreduce {
 namespace cuda {

@@ -6,7 +6,7 @@
 
 #include <cstddef>
 
-#include "../common.h"
+#include "core/common.h"
 
 namespace ringreduce {
 namespace cuda {

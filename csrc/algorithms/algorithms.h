@@ -1,0 +1,36 @@
+// All-reduce algorithms. They see a Transport and a Reducer, never a socket, segment or stream.
+#pragma once
+
+#include <cstddef>
+
+#include "core/reducer.h"
+#include "core/transport.h"
+
+namespace ringreduce {
+
+// Receives posted ahead of the one being reduced, so a transfer is always in flight while a
+// segment is reduced: two, as gloo's ring and NCCL keep. 1 and 4 measured no differently on the shm
+// and pg transports within this machine's noise (benchmarks/RESULTS.md).
+constexpr std::size_t kRecvsAhead = 2;
+
+// Sends the central reducer keeps in flight per destination before it waits for the oldest.
+constexpr std::size_t kSendsInFlight = 2;
+
+// Ring all-reduce: chunked reduce-scatter then all-gather, pipelined by segment, with consecutive
+// segments in `lanes` lanes of the transport (at most its max_lanes()). Every rank moves 2(N-1)/N
+// of the buffer whatever N is, and ends with the same bits: each chunk is reduced by exactly one
+// rank and copied to the others.
+void ring_all_reduce(Transport& transport, const Reducer& reducer, void* data, std::size_t numel,
+                     std::size_t segment_bytes, std::size_t lanes);
+
+// Central reducer (parameter-server style): every rank sends its buffer to `root`, which reduces
+// the contributions in a fixed order (its own, then the others by rank) and sends the result back.
+// The root's links carry (N-1) times the buffer each way.
+void central_all_reduce(Transport& transport, const Reducer& reducer, void* data, std::size_t numel,
+                        std::size_t segment_bytes, int root);
+
+// An all-reduce of nothing still meets the neighbours: one empty message around the ring carries
+// the headers, so a rank that passed an empty tensor while others did not is caught, not left waiting.
+void agree_on_nothing(Transport& transport);
+
+}  // namespace ringreduce

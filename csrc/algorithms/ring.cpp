@@ -1,0 +1,62 @@
+#include "algorithms/algorithms.h"
+#include "algorithms/schedule.h"
+
+namespace ringreduce {
+
+void ring_all_reduce(Transport& transport, const Reducer& reducer, void* data, std::size_t numel,
+                     std::size_t segment_bytes, std::size_t lanes) {
+  const int world = transport.size();
+  const int rank = transport.rank();
+  const std::size_t elem = reducer.element_size();
+  const std::vector<RingTransfer> transfers = ring_schedule(numel, elem, world, rank, segment_bytes, lanes);
+  if (transfers.empty()) return;
+
+  const int next = (rank + 1) % world;
+  const int prev = (rank + world - 1) % world;
+  char* base = static_cast<char*>(data);
+  auto address = [&](const Span& span) { return base + span.offset * elem; };
+
+  std::vector<Request> recvs(transfers.size());
+  // Empty spans travel as empty messages, so every rank makes the same transfers in the same order
+  // (a transport may pair a step's send and receive by position).
+  auto post_recv = [&](std::size_t k) {
+    const RingTransfer& t = transfers[k];
+    transport.select_lane(t.lane);
+    char* at = address(t.recv);
+    const std::size_t bytes = t.recv.count * elem;
+    if (t.forward) {
+      recvs[k] = transport.irecv_forward(prev, next, at, bytes, t.reduce ? &reducer : nullptr, t.last);
+    } else {
+      recvs[k] = t.reduce ? transport.irecv_reduce(prev, at, bytes, reducer, t.last) : transport.irecv(prev, at, bytes);
+    }
+  };
+
+  const std::size_t ahead = transport.can_post_ahead() ? kRecvsAhead : 0;
+  std::size_t posted = 0;  // receives posted so far
+  std::vector<Request> own_sends;
+  for (std::size_t k = 0; k < transfers.size(); ++k) {
+    const RingTransfer& t = transfers[k];
+    transport.select_lane(t.lane);
+    // A segment's step 0: push this rank's own data to the next rank. Every later send is a forward.
+    if (t.send_own) own_sends.push_back(transport.isend(next, address(t.send), t.send.count * elem));
+    // Keep the pipeline full: this receive and `ahead` more are posted.
+    while (posted < transfers.size() && posted <= k + ahead) post_recv(posted++);
+    transport.select_lane(t.lane);
+    // Take the previous rank's span: reduce it in (reduce-scatter) or keep it (all-gather), and pass
+    // the result on to the next rank unless this is the segment's last step.
+    transport.wait(recvs[k]);
+  }
+  for (Request send : own_sends) transport.wait(send);
+  transport.flush();
+}
+
+void agree_on_nothing(Transport& transport) {
+  const int world = transport.size();
+  if (world == 1) return;
+  const int rank = transport.rank();
+  const Request sent = transport.isend((rank + 1) % world, nullptr, 0);
+  transport.wait(transport.irecv((rank + world - 1) % world, nullptr, 0));
+  transport.wait(sent);
+}
+
+}  // namespace ringreduce

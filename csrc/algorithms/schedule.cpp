@@ -1,0 +1,89 @@
+#include "algorithms/schedule.h"
+
+#include <algorithm>
+
+#include "core/common.h"
+
+namespace ringreduce {
+namespace {
+
+std::size_t ceil_div(std::size_t a, std::size_t b) { return (a + b - 1) / b; }
+
+int wrap(int value, int world) { return ((value % world) + world) % world; }
+
+}  // namespace
+
+Span SegmentLayout::segment(int chunk, std::size_t index) const {
+  const std::size_t chunk_begin = std::min(numel, static_cast<std::size_t>(chunk) * chunk_elems);
+  const std::size_t chunk_end = std::min(numel, chunk_begin + chunk_elems);
+  const std::size_t begin = std::min(chunk_end, chunk_begin + index * segment_elems);
+  const std::size_t end = std::min(chunk_end, begin + segment_elems);
+  return Span{begin, end - begin};
+}
+
+SegmentLayout segment_layout(std::size_t numel, std::size_t elem_size, int world, std::size_t segment_bytes) {
+  RR_CHECK(world >= 1, "world size must be at least 1, got ", world);
+  RR_CHECK(elem_size >= 1, "element size must be at least 1");
+  RR_CHECK(segment_bytes >= 1, "segment size must be at least 1 byte");
+  SegmentLayout layout;
+  layout.numel = numel;
+  const std::size_t align = std::max<std::size_t>(1, kChunkAlignBytes / elem_size);
+  layout.chunk_elems = ceil_div(ceil_div(numel, world), align) * align;
+  layout.segment_elems = std::max<std::size_t>(1, segment_bytes / elem_size);
+  if (layout.segment_elems >= align) layout.segment_elems -= layout.segment_elems % align;
+  layout.segments_per_chunk = ceil_div(layout.chunk_elems, layout.segment_elems);
+  return layout;
+}
+
+std::vector<RingTransfer> ring_schedule(std::size_t numel, std::size_t elem_size, int world, int rank,
+                                        std::size_t segment_bytes, std::size_t lanes) {
+  RR_CHECK(rank >= 0 && rank < world, "rank ", rank, " is outside a world of ", world);
+  RR_CHECK(lanes >= 1, "a ring needs at least one lane");
+  const SegmentLayout layout = segment_layout(numel, elem_size, world, segment_bytes);
+  std::vector<RingTransfer> transfers;
+  if (world == 1) return transfers;
+  const int steps = 2 * (world - 1);
+  transfers.reserve(steps * layout.segments_per_chunk);
+  // Segments overlap in flight through the transport's slots, as slices do in NCCL's ring, and,
+  // with several lanes, through the lanes: while one segment is reduced, the next one travels.
+  for (std::size_t first = 0; first < layout.segments_per_chunk; first += lanes) {
+    const std::size_t group_end = std::min(layout.segments_per_chunk, first + lanes);
+    for (int step = 0; step < steps; ++step) {
+      for (std::size_t seg = first; seg < group_end; ++seg) {
+        RingTransfer t;
+        t.lane = seg - first;
+        if (step < world - 1) {
+          // Reduce-scatter, step s: pass on chunk r-s (own data at s = 0, a partial sum after),
+          // receive chunk r-s-1 and reduce it. After world-1 steps rank r holds the result of chunk r+1.
+          t.send = layout.segment(wrap(rank - step, world), seg);
+          t.recv = layout.segment(wrap(rank - step - 1, world), seg);
+          t.reduce = true;
+          t.last = step == world - 2;
+          t.send_own = step == 0;
+        } else {
+          // All-gather, step s: pass on chunk r+1-s (the owned result at s = 0, a copy after),
+          // receive the finished chunk r-s in place.
+          const int s = step - (world - 1);
+          t.send = layout.segment(wrap(rank + 1 - s, world), seg);
+          t.recv = layout.segment(wrap(rank - s, world), seg);
+        }
+        t.forward = step < steps - 1;  // a segment's last all-gather step keeps what it gets
+        transfers.push_back(t);
+      }
+    }
+  }
+  return transfers;
+}
+
+std::vector<Span> central_schedule(std::size_t numel, std::size_t elem_size, std::size_t segment_bytes) {
+  const SegmentLayout layout = segment_layout(numel, elem_size, 1, segment_bytes);
+  std::vector<Span> spans;
+  spans.reserve(layout.segments_per_chunk);
+  for (std::size_t seg = 0; seg < layout.segments_per_chunk; ++seg) {
+    const Span span = layout.segment(0, seg);
+    if (span.count > 0) spans.push_back(span);
+  }
+  return spans;
+}
+
+}  // namespace ringreduce

@@ -1,0 +1,60 @@
+#include "core/common.h"
+
+namespace ringreduce {
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::Float32: return "float32";
+    case DType::Float64: return "float64";
+    case DType::Float16: return "float16";
+    case DType::BFloat16: return "bfloat16";
+    case DType::Int8: return "int8";
+    case DType::UInt8: return "uint8";
+    case DType::Int32: return "int32";
+    case DType::Int64: return "int64";
+  }
+  return "unknown";
+}
+
+const char* op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "SUM";
+    case ReduceOp::Avg: return "AVG";
+    case ReduceOp::Min: return "MIN";
+    case ReduceOp::Max: return "MAX";
+    case ReduceOp::Product: return "PRODUCT";
+  }
+  return "unknown";
+}
+
+const char* algorithm_name(Algorithm algorithm) { return algorithm == Algorithm::Ring ? "ring" : "central"; }
+
+std::string describe(const CollectiveHeader& header, const CollectiveHeader& other) {
+  const auto algorithm = static_cast<Algorithm>(header.algorithm);
+  std::string text = detail::concat(header.numel, " x ", dtype_name(static_cast<DType>(header.dtype)), ", ",
+                                    op_name(static_cast<ReduceOp>(header.op)), ", ", algorithm_name(algorithm));
+  if (algorithm == Algorithm::Central) text += detail::concat(" at root ", header.root);
+  if (header.segment_bytes != other.segment_bytes) {
+    text += detail::concat(" in segments of ", header.segment_bytes, " bytes");
+  }
+  if (header.lanes != other.lanes) text += detail::concat(" in ", static_cast<int>(header.lanes), " lanes");
+  return text + detail::concat(" (collective #", header.sequence, ")");
+}
+
+void throw_mismatch(int rank, const CollectiveHeader& mine, int peer, const CollectiveHeader& theirs) {
+  throw MismatchError(detail::concat(
+      "ringreduce: the ranks disagree on this all-reduce: rank ", peer, " has ", describe(theirs, mine), ", rank ",
+      rank, " has ", describe(mine, theirs), ". Every rank of the group must make the same calls, in the same order, with the same "
+      "numel, dtype, op and algorithm (and root, segment size and RINGREDUCE_LANES); recreate the group's communicators with ringreduce.destroy(group)"));
+}
+
+void AbortNotice::raise() const {
+  switch (kind) {
+    case Kind::Mismatch: throw MismatchError(message);
+    case Kind::Timeout: throw TimeoutError(message);
+    case Kind::Failure: break;
+  }
+  throw std::runtime_error(message);
+}
+
+}  // namespace ringreduce

@@ -1,0 +1,30 @@
+// The reducer contract the algorithms use. A reducer is bound to one dtype, op and world size,
+// and to the memory it runs on (host loops, or kernels on a CUDA stream).
+#pragma once
+
+#include <cstddef>
+
+#include "core/common.h"
+
+namespace ringreduce {
+
+class Reducer {
+ public:
+  explicit Reducer(DType dtype) : dtype_(dtype) {}
+  virtual ~Reducer() = default;
+
+  // dst[i] = dst[i] op src[i] for i < count. With `last`, AVG divides the result by the world size
+  // (each element takes its `last` reduction exactly once). dst and src do not overlap.
+  virtual void reduce(void* dst, const void* src, std::size_t count, bool last) const = 0;
+
+  // As reduce(), and also writes the result to `copy` in the same pass.
+  virtual void reduce_copy(void* dst, const void* src, void* copy, std::size_t count, bool last) const = 0;
+
+  DType dtype() const { return dtype_; }
+  std::size_t element_size() const { return ringreduce::element_size(dtype_); }
+
+ private:
+  DType dtype_;
+};
+
+}  // namespace ringreduce

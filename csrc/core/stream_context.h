@@ -1,0 +1,22 @@
+// The stream contract of a GPU communicator, without CUDA types (cuda/device_queue.h implements it).
+#pragma once
+
+#include <memory>
+
+namespace ringreduce {
+
+// How a GPU communicator's work is ordered against its caller's: a device stream joined to the
+// caller's stream by events (the host never waits). CPU communicators have none.
+class StreamContext {
+ public:
+  virtual ~StreamContext() = default;
+  virtual void* stream() const = 0;
+  // A marker at the current point of `stream` (a CUDA event).
+  virtual std::shared_ptr<void> mark(void* stream) = 0;
+  // Our later work waits for the marker.
+  virtual void wait(const std::shared_ptr<void>& marker) = 0;
+  // The caller's later work on `stream` waits for everything queued on ours so far.
+  virtual void release_to(void* stream) = 0;
+};
+
+}  // namespace ringreduce

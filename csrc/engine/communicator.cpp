@@ -1,0 +1,95 @@
+#include "engine/communicator.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+
+#include "algorithms/algorithms.h"
+
+namespace ringreduce {
+
+namespace {
+
+// A positive integer from the environment variable `name`, or 0 when it is unset or empty.
+std::size_t positive_from_env(const char* name, const char* example) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return 0;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long value = std::strtoull(text, &end, 10);
+  if (errno != 0 || *end != '\0' || value == 0 || text[0] == '-') {
+    throw std::invalid_argument(detail::concat("ringreduce: ", name, "='", text,
+                                               "' is not a positive integer; unset it or set e.g. ", example));
+  }
+  return static_cast<std::size_t>(value);
+}
+
+// The largest lane count a header can carry.
+constexpr std::size_t kMaxHeaderLanes = 255;
+
+}  // namespace
+
+std::size_t resolve_segment_bytes(std::size_t requested) {
+  return requested > 0 ? requested : positive_from_env(kSegmentBytesEnv, "262144");
+}
+
+Communicator::Communicator(std::unique_ptr<Transport> transport, ReducerFactory make_reducer,
+                           std::unique_ptr<StreamContext> stream)
+    : stream_(std::move(stream)), transport_(std::move(transport)), make_reducer_(std::move(make_reducer)) {}
+
+const Reducer& Communicator::reducer(DType dtype, ReduceOp op) {
+  std::unique_ptr<Reducer>& slot = reducers_[static_cast<int>(dtype)][static_cast<int>(op)];
+  if (!slot) slot = make_reducer_(dtype, op, size());
+  return *slot;
+}
+
+void Communicator::all_reduce(const AllReduceArgs& args) {
+  if (!broken_.message.empty()) {
+    AbortNotice again = broken_;
+    again.message = "ringreduce: this group's " + std::string(transport_->name()) +
+                    " communicator failed earlier and cannot be used again (ringreduce.destroy(group) makes a new "
+                    "one): " + broken_.message;
+    again.raise();
+  }
+  const std::size_t segment_bytes =
+      args.segment_bytes > 0 ? args.segment_bytes : transport_->default_segment_bytes();
+  const Reducer& reducer = this->reducer(args.dtype, args.op);
+  const std::size_t wanted_lanes = positive_from_env(kLanesEnv, "1");
+  const std::size_t asked_lanes = wanted_lanes > 0 ? wanted_lanes : transport_->default_lanes();
+  const std::size_t lanes =
+      args.algorithm != Algorithm::Ring ? 1 : std::min({transport_->max_lanes(), kMaxHeaderLanes, asked_lanes});
+  CollectiveHeader header;
+  header.sequence = sequence_++;
+  header.numel = args.numel;
+  header.segment_bytes = segment_bytes;
+  header.root = args.root;
+  header.dtype = static_cast<std::uint8_t>(args.dtype);
+  header.op = static_cast<std::uint8_t>(args.op);
+  header.algorithm = static_cast<std::uint8_t>(args.algorithm);
+  header.lanes = static_cast<std::uint8_t>(lanes);
+  try {
+    const char* check = std::getenv(kCheckCallsEnv);
+    transport_->begin_collective(header, check == nullptr || std::string(check) != "0");
+    if (args.numel == 0) {
+      agree_on_nothing(*transport_);
+    } else if (args.algorithm == Algorithm::Ring) {
+      ring_all_reduce(*transport_, reducer, args.data, args.numel, segment_bytes, lanes);
+    } else {
+      central_all_reduce(*transport_, reducer, args.data, args.numel, segment_bytes, args.root);
+    }
+    transport_->end_collective();
+  } catch (const MismatchError& error) {
+    fail({AbortNotice::Kind::Mismatch, error.what()});
+  } catch (const TimeoutError& error) {
+    fail({AbortNotice::Kind::Timeout, error.what()});
+  } catch (const std::exception& error) {
+    fail({AbortNotice::Kind::Failure, error.what()});
+  }
+}
+
+void Communicator::fail(AbortNotice notice) {
+  broken_ = transport_->abort(notice);
+  broken_.raise();
+}
+
+}  // namespace ringreduce

@@ -1,0 +1,73 @@
+// A communicator: one group's transport, the algorithms, and the order collectives run in.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "core/reducer.h"
+#include "core/stream_context.h"
+#include "core/transport.h"
+#include "engine/executor.h"
+
+namespace ringreduce {
+
+// Overrides every transport's default segment size (Transport::default_segment_bytes()).
+constexpr const char* kSegmentBytesEnv = "RINGREDUCE_SEGMENT_BYTES";
+// "0" turns off the comparison of each call across ranks (every rank must agree on it).
+constexpr const char* kCheckCallsEnv = "RINGREDUCE_CHECK_CALLS";
+// Overrides the ring's pipeline lanes (Transport::default_lanes()), up to what the transport can
+// keep apart; every rank must agree on it (the call check compares it).
+constexpr const char* kLanesEnv = "RINGREDUCE_LANES";
+
+// The segment size a call gets: `requested` if non-zero, else the environment, else 0 (the
+// transport's default, resolved when the collective runs).
+std::size_t resolve_segment_bytes(std::size_t requested);
+
+struct AllReduceArgs {
+  void* data = nullptr;
+  std::size_t numel = 0;
+  DType dtype = DType::Float32;
+  ReduceOp op = ReduceOp::Sum;
+  Algorithm algorithm = Algorithm::Ring;
+  std::size_t segment_bytes = 0;  // 0: the transport's default
+  int root = 0;                   // central reducer only
+};
+
+class Communicator {
+ public:
+  using ReducerFactory = std::function<std::unique_ptr<Reducer>(DType, ReduceOp, int world)>;
+
+  // `stream` is null for host memory; it outlives the transport and reducers, which use it.
+  Communicator(std::unique_ptr<Transport> transport, ReducerFactory make_reducer,
+               std::unique_ptr<StreamContext> stream = nullptr);
+
+  int rank() const { return transport_->rank(); }
+  int size() const { return transport_->size(); }
+  const char* transport_name() const { return transport_->name(); }
+  OrderedExecutor& executor() { return executor_; }
+  StreamContext* stream_context() const { return stream_.get(); }
+
+  // Runs one all-reduce on the calling thread; call it from a job of executor(). After a failure
+  // the transport is aborted, every rank raises the same error, and every later call raises it again.
+  void all_reduce(const AllReduceArgs& args);
+
+ private:
+  const Reducer& reducer(DType dtype, ReduceOp op);
+
+  [[noreturn]] void fail(AbortNotice notice);
+
+  std::unique_ptr<StreamContext> stream_;
+  std::unique_ptr<Transport> transport_;
+  ReducerFactory make_reducer_;
+  // Reducers made so far, by dtype and op: a call reuses them instead of allocating.
+  std::unique_ptr<Reducer> reducers_[kDTypeCount][kReduceOpCount];
+  std::uint64_t sequence_ = 0;  // collectives issued so far (travels in the headers)
+  AbortNotice broken_;          // why the communicator stopped; empty message while healthy
+  // Destroyed first, so no job outlives the transport.
+  OrderedExecutor executor_;
+};
+
+}  // namespace ringreduce

@@ -1,0 +1,97 @@
+#include "transports/pg.h"
+
+#include <cstring>
+
+namespace ringreduce {
+namespace {
+
+// Tags cycle below this bound; far more than the transfers one pair ever has in flight. A multiple
+// of kProcessGroupMaxLanes, so every tag keeps its lane in its low part.
+constexpr int kTagCycle = 1 << 24;
+static_assert(kTagCycle % kProcessGroupMaxLanes == 0, "tags must keep their lane when they wrap");
+// The store key where the first aborting rank leaves its notice for the others.
+constexpr const char* kAbortKey = "abort";
+
+std::string encode(const AbortNotice& notice) {
+  return std::string(1, static_cast<char>('0' + static_cast<int>(notice.kind))) + notice.message;
+}
+
+AbortNotice decode(const std::string& text) {
+  if (text.empty()) return {AbortNotice::Kind::Failure, "ringreduce: pg: a peer aborted without a reason"};
+  return {static_cast<AbortNotice::Kind>(text[0] - '0'), text.substr(1)};
+}
+
+}  // namespace
+
+ProcessGroupTransport::ProcessGroupTransport(c10::intrusive_ptr<c10d::Backend> backend,
+                                             std::unique_ptr<Rendezvous> notices, std::chrono::milliseconds timeout)
+    : backend_(std::move(backend)),
+      notices_(std::move(notices)),
+      rank_(backend_->getRank()),
+      world_(backend_->getSize()),
+      timeout_(timeout),
+      sends_posted_(kProcessGroupMaxLanes * world_, 0),
+      recvs_posted_(kProcessGroupMaxLanes * world_, 0) {}
+
+void ProcessGroupTransport::begin_collective(const CollectiveHeader& header, bool check) {
+  MessageTransport::begin_collective(header, check);
+  if (world_ == 1 || !check) return;
+  at::Tensor outgoing = at::empty({static_cast<int64_t>(sizeof header)}, at::TensorOptions().dtype(at::kByte));
+  std::memcpy(outgoing.data_ptr(), &header, sizeof header);
+  CollectiveHeader theirs;
+  const Request sent = post((rank_ + 1) % world_, outgoing.data_ptr(), sizeof header, true);
+  const Request received = post((rank_ + world_ - 1) % world_, &theirs, sizeof theirs, false);
+  wait_transfer(received);
+  wait_transfer(sent);
+  check_header((rank_ + world_ - 1) % world_, theirs);
+}
+
+Request ProcessGroupTransport::post(int peer, void* data, std::size_t bytes, bool is_send) {
+  RR_CHECK(backend_, "the pg transport was aborted");
+  std::vector<at::Tensor> tensors{
+      at::from_blob(data, {static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte))};
+  int& posted = (is_send ? sends_posted_ : recvs_posted_)[lane_ * world_ + peer];
+  const int tag = posted * static_cast<int>(kProcessGroupMaxLanes) + static_cast<int>(lane_);
+  posted = (posted + 1) % (kTagCycle / static_cast<int>(kProcessGroupMaxLanes));
+  auto work = is_send ? backend_->send(tensors, peer, tag) : backend_->recv(tensors, peer, tag);
+  const std::int64_t id = next_id_++;
+  pending_.emplace(id, Pending{std::move(work), std::move(tensors), peer, is_send});
+  return Request{id};
+}
+
+Request ProcessGroupTransport::isend(int peer, const void* data, std::size_t bytes) {
+  return post(peer, const_cast<void*>(data), bytes, true);
+}
+
+Request ProcessGroupTransport::irecv(int peer, void* data, std::size_t bytes) { return post(peer, data, bytes, false); }
+
+void ProcessGroupTransport::wait_work(Pending& pending) {
+  try {
+    pending.work->wait(timeout_);
+  } catch (const std::exception& error) {
+    // A peer that aborted closed its connections: report its notice, the same on every rank.
+    if (notices_->has(kAbortKey)) decode(notices_->get(kAbortKey)).raise();
+    throw std::runtime_error(detail::concat("ringreduce: rank ", rank_, pending.is_send ? " sending to" : " receiving from",
+                                            " rank ", pending.peer, " over ", backend_->getBackendName(),
+                                            " failed (timeout ", timeout_.count(), " ms): ", error.what()));
+  }
+}
+
+void ProcessGroupTransport::wait_transfer(Request request) {
+  auto it = pending_.find(request.id);
+  RR_CHECK(it != pending_.end(), "wait() on an unknown or finished request ", request.id);
+  Pending pending = std::move(it->second);
+  pending_.erase(it);
+  wait_work(pending);
+}
+
+AbortNotice ProcessGroupTransport::abort_transfers(const AbortNotice& notice) {
+  const AbortNotice first = decode(notices_->set_once(kAbortKey, encode(notice)));
+  for (auto& entry : pending_) entry.second.work->abort();
+  pending_.clear();
+  // Dropping the backend closes its connections, so peers waiting on us fail now, not at timeout.
+  backend_.reset();
+  return first;
+}
+
+}  // namespace ringreduce

@@ -1,0 +1,74 @@
+"""Command-line options of the benchmark, and the dtypes and ops it names."""
+
+import argparse
+
+import torch
+import torch.distributed as dist
+
+R = dist.ReduceOp
+OPS = {"sum": R.SUM, "avg": R.AVG, "min": R.MIN, "max": R.MAX, "prod": R.PRODUCT}
+DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "int32": torch.int32,
+    "int64": torch.int64,
+}
+DEFAULT_SIZES = "4K,64K,1M,16M,64M"
+# Trials per row; the table reports the median trial.
+DEFAULT_TRIALS = 5
+DESCRIPTION = "nccl-tests-style all-reduce benchmark: ringreduce's ring and central reducer beside torch.distributed."
+
+
+def parse_size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().rstrip("B")
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def size_sweep(args) -> list:
+    if args.minbytes is not None or args.maxbytes is not None:
+        low = parse_size(args.minbytes or "4K")
+        high = parse_size(args.maxbytes or "64M")
+        if args.stepfactor < 2:
+            raise SystemExit("-f/--stepfactor must be at least 2")
+        sizes = []
+        while low <= high:
+            sizes.append(low)
+            low *= args.stepfactor
+        return sizes
+    return [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m ringreduce.bench", description=DESCRIPTION)
+    parser.add_argument("--world", type=int, default=2, help="local ranks to launch (ignored under torchrun)")
+    parser.add_argument("--sizes", default=DEFAULT_SIZES, help="comma-separated sizes in bytes, e.g. 4K,1M,64M")
+    parser.add_argument("-b", "--minbytes", help="smallest size (with -e and -f, like nccl-tests)")
+    parser.add_argument("-e", "--maxbytes", help="largest size")
+    parser.add_argument("-f", "--stepfactor", type=int, default=4, help="size multiplier between rows")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    parser.add_argument("--op", choices=sorted(OPS), default="sum")
+    parser.add_argument("--iters", type=int, default=0, help="timed calls per row (0: about 0.5 s per row)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed calls before timing")
+    parser.add_argument("--trials", type=int, default=DEFAULT_TRIALS, help="timed trials per row (median reported)")
+    parser.add_argument("--check", type=int, choices=(0, 1), default=1, help="run the untimed correctness pass")
+    parser.add_argument("--algorithms", default="ring,central")
+    parser.add_argument("--transports", default=None, help="CPU transports to time (default: all in this build)")
+    parser.add_argument("--no-torch", action="store_true", help="skip the torch.distributed rows")
+    parser.add_argument("--unchecked", action="store_true",
+                        help="add ring rows that skip the cross-rank check of each call (RINGREDUCE_CHECK_CALLS=0)")
+    parser.add_argument("--lanes", default="", metavar="LIST",
+                        help="add ring rows run with RINGREDUCE_LANES set to each count, e.g. 1,2 (GPU default 2, CPU 1)")
+    parser.add_argument("--no-mpi", action="store_true", help="skip the OpenMPI rows even when mpi4py is present")
+    parser.add_argument("--gpu", choices=("auto", "off", "only"), default="auto",
+                        help="GPU rows: NCCL across processes with a GPU each, else virtual ranks on one GPU")
+    parser.add_argument("--json", metavar="PATH", help="write the records as a JSON list")
+    parser.add_argument("--plot", metavar="PATH", help="draw busbw against size (PNG)")
+    parser.add_argument("--progress", type=int, choices=(0, 1), default=1, help="progress bar on stderr")
+    return parser.parse_args(argv)

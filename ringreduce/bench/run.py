@@ -1,0 +1,253 @@
+"""The benchmark's rows and ranks: ringreduce's ring and central reducer beside torch.distributed.
+
+    python -m ringreduce.bench                    # 2 local CPU ranks, the default sweep
+    python -m ringreduce.bench --world 4 -b 4K -e 64M -f 4 --json bench.json --plot bench.png
+    torchrun --nproc_per_node 2 -m ringreduce.bench
+
+Every row of one run shares the same processes, so the ratios between rows are measured side by
+side. time_us is the slowest rank's mean time per call; algbw = bytes / time and
+busbw = algbw * 2(n-1)/n, as in nccl-tests. #wrong counts wrong elements in a separate, untimed
+pass that checks the result against its closed form.
+"""
+
+import contextlib
+import functools
+import json
+import os
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import ringreduce
+from ringreduce.bench import peers, report
+from ringreduce.bench.inputs import bench_inputs, expected_result
+from ringreduce.bench.options import DTYPES, OPS, parse_args, size_sweep
+from ringreduce.bench.timing import nothing, timed_trials
+
+R = dist.ReduceOp
+
+
+def _slowest(seconds: float) -> float:
+    value = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(value, op=R.MAX)
+    return value.item()
+
+
+def _agree(iters: int) -> int:
+    """Rank 0's choice, so that every rank runs the same number of calls."""
+    value = torch.tensor([iters], dtype=torch.int64)
+    dist.broadcast(value, src=0)
+    return int(value.item())
+
+
+@contextlib.contextmanager
+def environment(name, value):
+    """Rows run with one engine setting changed, to show what it is worth beside the default rows."""
+    previous = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous
+
+
+# Transports that run one lane whatever RINGREDUCE_LANES asks (shm matches slots in posting order):
+# --lanes rows would only repeat their default row.
+ONE_LANE_TRANSPORTS = ("shm",)
+
+
+def setting_variants(args, transport=None):
+    """(algorithm label, setting) of the extra ring rows that --unchecked and --lanes ask for."""
+    lanes = [n for n in args.lanes.split(",") if n] if transport not in ONE_LANE_TRANSPORTS else []
+    variants = [(f"ring lanes={n}", functools.partial(environment, "RINGREDUCE_LANES", n)) for n in lanes]
+    if args.unchecked:
+        variants.append(("ring unchecked", functools.partial(environment, "RINGREDUCE_CHECK_CALLS", "0")))
+    return variants
+
+
+def count_wrong(call, rank, world, numel, dtype, op, device="cpu") -> int:
+    tensor = bench_inputs(rank, world, numel, dtype, op).to(device)
+    call(tensor)
+    total = torch.tensor([int((tensor.cpu() != expected_result(world, numel, dtype, op)).sum())], dtype=torch.int64)
+    dist.all_reduce(total)
+    return int(total.item())
+
+
+def gpus_for_processes(args, world) -> bool:
+    """Whether every rank can have a GPU of its own (then the NCCL rows run across processes)."""
+    return args.gpu != "off" and torch.cuda.is_available() and torch.cuda.device_count() >= world
+
+
+def process_rows(args, rank, world):
+    """(impl, algorithm, transport, device, fn(tensor, op), setting) for every row the ranks run together."""
+    algorithms = [a for a in args.algorithms.split(",") if a]
+    rows = []
+    if args.gpu != "only":
+        available = [t for t in ringreduce.build_info()["transports"] if t not in ("local", "nccl")]
+        for transport in args.transports.split(",") if args.transports else available:
+            for algorithm in algorithms:
+                rows.append(("ringreduce", algorithm, transport, "cpu",
+                             lambda t, op, a=algorithm, tr=transport: ringreduce.all_reduce(t, op, algorithm=a, transport=tr),
+                             contextlib.nullcontext))
+            for label, setting in setting_variants(args, transport):
+                rows.append(("ringreduce", label, transport, "cpu",
+                             lambda t, op, tr=transport: ringreduce.all_reduce(t, op, transport=tr), setting))
+        if not args.no_torch:
+            rows.append(("torch.distributed", "-", dist.get_backend(), "cpu", lambda t, op: dist.all_reduce(t, op),
+                         contextlib.nullcontext))
+    if gpus_for_processes(args, world):
+        # One GPU per rank: ringreduce over NCCL beside torch.distributed's NCCL backend.
+        torch.cuda.set_device(rank)
+        nccl_group = dist.new_group(backend="nccl")
+        for algorithm in algorithms:
+            rows.append(("ringreduce", algorithm, "nccl", f"cuda:{rank}",
+                         lambda t, op, a=algorithm: ringreduce.all_reduce(t, op, algorithm=a, transport="nccl"),
+                         contextlib.nullcontext))
+        for label, setting in setting_variants(args):
+            rows.append(("ringreduce", label, "nccl", f"cuda:{rank}",
+                         lambda t, op: ringreduce.all_reduce(t, op, transport="nccl"), setting))
+        rows.append(("torch.distributed", "-", "nccl", f"cuda:{rank}",
+                     lambda t, op: dist.all_reduce(t, op, group=nccl_group), contextlib.nullcontext))
+    return rows
+
+
+def run_sweep(args, rank, world):
+    dtype, op = DTYPES[args.dtype], OPS[args.op]
+    rows = process_rows(args, rank, world)
+    sizes = size_sweep(args) if rows else []
+    progress = report.Progress(len(sizes), enabled=args.progress and rank == 0)
+    sync = torch.cuda.synchronize if any(row[3] != "cpu" for row in rows) else nothing
+    records = []
+    for size in sizes:
+        progress.step(f"{report.human_bytes(size)}: {len(rows)} rows x {args.trials} trials")
+        numel = max(1, size // torch.empty((), dtype=dtype).element_size())
+        tensors = [torch.zeros(numel, dtype=dtype, device=row[3]) for row in rows]
+        calls = [lambda fn=row[4], t=t: fn(t, op) for row, t in zip(rows, tensors)]
+        seconds = timed_trials(calls, args, dist.barrier, _slowest, _agree, sync, [row[5] for row in rows])
+        for (impl, algorithm, transport, device, fn, setting), row_seconds in zip(rows, seconds):
+            with setting():
+                wrong = count_wrong(lambda t, fn=fn: fn(t, op), rank, world, numel, dtype, op, device) if args.check else -1
+            records.append(
+                report.record(impl, algorithm, transport, world, args.dtype, args.op, size, numel, row_seconds, wrong)
+            )
+    progress.done()
+    return records
+
+
+def virtual_gpu_rows(args, world):
+    """Ring and central with `world` virtual ranks on one GPU (threads, streams of their own), timed here.
+
+    NCCL refuses two ranks on one GPU, so on a single-GPU machine this is how the GPU ring runs.
+    """
+    dtype, op = DTYPES[args.dtype], OPS[args.op]
+    rows = [(a, a, contextlib.nullcontext) for a in args.algorithms.split(",") if a]
+    rows += [(label, "ring", setting) for label, setting in setting_variants(args)]
+    local = ringreduce.LocalWorld(world, device="cuda")
+    records = []
+    for size in size_sweep(args):
+        numel = max(1, size // torch.empty((), dtype=dtype).element_size())
+        tensor_sets = [[torch.zeros(numel, dtype=dtype, device="cuda") for _ in range(world)] for _ in rows]
+        calls = [lambda a=row[1], ts=ts: local.all_reduce(ts, op, algorithm=a) for row, ts in zip(rows, tensor_sets)]
+        seconds = timed_trials(calls, args, nothing, lambda t: t, lambda n: n, torch.cuda.synchronize,
+                               [row[2] for row in rows])
+        for (label, algorithm, setting), row_seconds in zip(rows, seconds):
+            wrong = -1
+            if args.check:
+                inputs = [bench_inputs(r, world, numel, dtype, op).cuda() for r in range(world)]
+                with setting():
+                    local.all_reduce(inputs, op, algorithm=algorithm)
+                expected = expected_result(world, numel, dtype, op)
+                wrong = sum(int((t.cpu() != expected).sum()) for t in inputs)
+            records.append(report.record("ringreduce", label, "local-cuda", world, args.dtype, args.op, size, numel,
+                                         row_seconds, wrong))
+    return records
+
+
+def memcpy_roof(nbytes: int, repeats: int = 5) -> float:
+    """One thread's memcpy bandwidth in GB/s (bytes copied per second) at `nbytes`."""
+    import numpy as np
+
+    src = np.ones(nbytes, dtype=np.uint8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - start)
+    return nbytes / best / 1e9
+
+
+# ---- launching ----------------------------------------------------------------------------------
+
+
+def bench_rank(rank, world, args):
+    """Body of every rank. Returns the records on rank 0, None elsewhere."""
+    torch.set_num_threads(1)  # one core per rank, as the transports assume
+    roof = None
+    if rank == 0:
+        roof = memcpy_roof(max(size_sweep(args)))
+    dist.barrier()
+    records = run_sweep(args, rank, world)
+    if rank == 0 and args.gpu != "off" and torch.cuda.is_available() and not gpus_for_processes(args, world):
+        records += virtual_gpu_rows(args, world)
+    dist.barrier()
+    ringreduce.destroy()
+    return (records, roof) if rank == 0 else None
+
+
+def _spawned(rank, world, store_path, args, out_path):
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+    try:
+        result = bench_rank(rank, world, args)
+        if result is not None:
+            with open(out_path, "w") as out:
+                json.dump(result, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def launch(args):
+    """Records and the memcpy roof, from torchrun's ranks or from ranks this process spawns."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        dist.init_process_group("gloo")
+        result = bench_rank(dist.get_rank(), dist.get_world_size(), args)
+        dist.destroy_process_group()
+        return result
+    with tempfile.TemporaryDirectory() as tmp:
+        out_path = os.path.join(tmp, "records.json")
+        mp.start_processes(
+            _spawned, args=(args.world, os.path.join(tmp, "store"), args, out_path), nprocs=args.world, start_method="spawn"
+        )
+        with open(out_path) as f:
+            records, roof = json.load(f)
+    return records, roof
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.world < 1:
+        raise SystemExit("--world must be at least 1")
+    result = launch(args)
+    if result is None:  # a non-zero torchrun rank
+        return
+    records, roof = result
+    if not records:
+        raise SystemExit("no rows to time: --gpu only needs a CUDA GPU, and the CPU rows were switched off")
+    if not args.no_mpi and args.gpu != "only" and "RANK" not in os.environ:
+        records += peers.mpi_rows(args, size_sweep(args))
+    report.print_table(records, roof, sys.stdout)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(records, f, indent=1)
+    if args.plot:
+        report.plot(records, args.plot)
+    if any(r["wrong"] > 0 for r in records):
+        raise SystemExit("some rows returned wrong results (#wrong > 0)")
