@@ -24,6 +24,7 @@
 #include "cuda/cuda_reducer.h"
 #include "cuda/device_memory.h"
 #include "cuda/device_queue.h"
+#include "cuda/host_kernels.h"
 #include "cuda/nccl_transport.h"
 #include "cuda/reduce_kernels.h"
 #endif
@@ -310,19 +311,36 @@ std::shared_ptr<Communicator> make_device_communicator(
       std::move(queue));
 }
 
+// The operands of the kernel entry points below: contiguous tensors of one size and dtype, on
+// the GPU or on the host as `cuda` says. Returns the engine's dtype.
+DType kernel_operands(const char* entry, bool cuda, const at::Tensor& dst, const at::Tensor& src,
+                      const c10::optional<at::Tensor>& copy, ReduceOp op) {
+  auto fits = [&](const at::Tensor& t) {
+    return t.is_cuda() == cuda && t.is_contiguous() && t.numel() == dst.numel() && t.scalar_type() == dst.scalar_type();
+  };
+  TORCH_CHECK(fits(dst) && fits(src) && (!copy || fits(*copy)), entry, " needs contiguous ", cuda ? "CUDA" : "CPU",
+              " tensors of one size and dtype");
+  return to_dtype(dst, op);
+}
+
 // The kernel on its own, on the current stream: for tests and benchmarks/kernel_bench.py.
 void cuda_reduce(const at::Tensor& dst, const at::Tensor& src, int op_code, int world, bool last,
                  const c10::optional<at::Tensor>& copy) {
   const auto op = static_cast<ReduceOp>(op_code);
-  TORCH_CHECK(dst.is_cuda() && src.is_cuda() && dst.is_contiguous() && src.is_contiguous(),
-              "cuda_reduce needs contiguous CUDA tensors");
-  TORCH_CHECK(dst.numel() == src.numel() && dst.scalar_type() == src.scalar_type(), "cuda_reduce: mismatched tensors");
-  TORCH_CHECK(!copy || (copy->is_cuda() && copy->is_contiguous() && copy->numel() == dst.numel()),
-              "cuda_reduce: bad copy tensor");
+  const DType dtype = kernel_operands("cuda_reduce", true, dst, src, copy, op);
   const c10::cuda::CUDAGuard on_device(dst.device());
-  RR_CUDA_CHECK(cuda::launch_reduce(to_dtype(dst, op), op, dst.data_ptr(), src.data_ptr(),
-                                    copy ? copy->data_ptr() : nullptr, static_cast<std::size_t>(dst.numel()), world,
-                                    last, c10::cuda::getCurrentCUDAStream().stream()));
+  RR_CUDA_CHECK(cuda::launch_reduce(dtype, op, dst.data_ptr(), src.data_ptr(), copy ? copy->data_ptr() : nullptr,
+                                    static_cast<std::size_t>(dst.numel()), world, last,
+                                    c10::cuda::getCurrentCUDAStream().stream()));
+}
+
+// The kernel's body on CPU tensors over a simulated grid (tests/test_host_kernels.py).
+void host_reduce(const at::Tensor& dst, const at::Tensor& src, int op_code, int world, bool last,
+                 const c10::optional<at::Tensor>& copy, std::size_t blocks, std::size_t threads_per_block) {
+  const auto op = static_cast<ReduceOp>(op_code);
+  const DType dtype = kernel_operands("host_reduce", false, dst, src, copy, op);
+  cuda::host_reduce(dtype, op, dst.data_ptr(), src.data_ptr(), copy ? copy->data_ptr() : nullptr,
+                    static_cast<std::size_t>(dst.numel()), world, last, blocks, threads_per_block);
 }
 #endif
 
@@ -397,6 +415,9 @@ PYBIND11_MODULE(_C, m) {
       py::call_guard<py::gil_scoped_release>(), "A communicator over NCCL point-to-point on GPU `device`.");
   m.def("cuda_reduce", &cuda_reduce, py::arg("dst"), py::arg("src"), py::arg("op"), py::arg("world"), py::arg("last"),
         py::arg("copy") = py::none(), "dst = dst op src (and copy = the result) with the engine's kernel.");
+  m.def("host_reduce", &host_reduce, py::arg("dst"), py::arg("src"), py::arg("op"), py::arg("world"), py::arg("last"),
+        py::arg("copy"), py::arg("blocks"), py::arg("threads_per_block"),
+        "The kernel's body on CPU tensors, every thread of a blocks x threads_per_block grid in turn.");
 #endif
 
   m.def("ring_schedule", &ring_schedule_py, py::arg("numel"), py::arg("elem_size"), py::arg("world"), py::arg("rank"),

@@ -1,0 +1,45 @@
+#include "cuda/host_kernels.h"
+
+#include <stdexcept>
+
+#include "cuda/reduce_body.cuh"
+
+namespace ringreduce {
+namespace cuda {
+namespace {
+
+struct SimulatedGrid {
+  void* dst;
+  const void* src;
+  void* copy;
+  std::size_t count;
+  int world;
+  std::size_t threads;
+
+  // Threads of a grid-stride kernel touch disjoint elements, so running them one by one gives
+  // what the GPU gives in any interleaving.
+  template <typename Format, typename Op, bool kDivide, bool kCopy>
+  bool run() const {
+    using Storage = typename Format::Storage;
+    for (std::size_t thread = 0; thread < threads; ++thread) {
+      reduce_span<Format, Op, kDivide, kCopy>(static_cast<Storage*>(dst), static_cast<const Storage*>(src),
+                                              static_cast<Storage*>(copy), count,
+                                              static_cast<typename Format::Compute>(world), thread, threads);
+    }
+    return true;
+  }
+};
+
+}  // namespace
+
+void host_reduce(DType dtype, ReduceOp op, void* dst, const void* src, void* copy, std::size_t count, int world,
+                 bool last, std::size_t blocks, std::size_t threads_per_block) {
+  if (blocks == 0 || threads_per_block == 0) throw std::invalid_argument("ringreduce: a grid needs a thread");
+  const SimulatedGrid grid{dst, src, copy, count, world, blocks * threads_per_block};
+  if (!dispatch_reduce(dtype, op, last, copy != nullptr, false, grid)) {
+    throw std::invalid_argument("ringreduce: AVG is not defined for integer tensors");
+  }
+}
+
+}  // namespace cuda
+}  // namespace ringreduce
