@@ -1,6 +1,9 @@
 """Build of the ringreduce engine (ringreduce._C): C++ always, CUDA and NCCL when they can be built.
 
 Environment:
+    CUDA_HOME                 the CUDA toolkit, when nvcc is not on PATH (else /usr/local/cuda is tried)
+    NCCL_HOME                 an NCCL install (include/nccl.h, lib/libnccl.so*), tried before the nvidia-nccl
+                              wheel and the system folders
     RINGREDUCE_CPU_ONLY=1     build without CUDA even where it could be built
     RINGREDUCE_FORCE_CUDA=1   fail, saying why, unless the CUDA part is built
     TORCH_CUDA_ARCH_LIST      GPU architectures (default: the visible GPUs', else "8.0;9.0")
@@ -35,16 +38,57 @@ def toolkit_of(nvcc):
     return os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
 
 
-def nccl_folder():
-    """The nvidia-nccl wheel that torch depends on: (include dir, lib dir) or None."""
+# Where a CUDA toolkit lives when nvcc is not on PATH.
+DEFAULT_CUDA_HOME = "/usr/local/cuda"
+# System folders that distribution and NGC images install NCCL into.
+SYSTEM_NCCL_FOLDERS = [("/usr/include", "/usr/lib/x86_64-linux-gnu"), ("/usr/include", "/usr/lib/aarch64-linux-gnu"),
+                       ("/usr/local/include", "/usr/local/lib"), ("/usr/include", "/usr/lib64")]
+
+
+def find_nvcc():
+    """nvcc on PATH, else in $CUDA_HOME/bin, else in /usr/local/cuda/bin; with where it was looked for."""
+    places = ["PATH"]
+    found = shutil.which("nvcc")
+    for home in (os.environ.get("CUDA_HOME"), DEFAULT_CUDA_HOME):
+        if found or not home:
+            continue
+        candidate = os.path.join(home, "bin", "nvcc")
+        places.append(candidate)
+        if os.access(candidate, os.X_OK):
+            found = candidate
+    return found, places
+
+
+def nccl_library(lib):
+    """The linker flag for libnccl in `lib` (wheels ship only libnccl.so.2), or None."""
+    if os.path.exists(os.path.join(lib, "libnccl.so")):
+        return "-lnccl"
+    if os.path.exists(os.path.join(lib, "libnccl.so.2")):
+        return "-l:libnccl.so.2"
+    return None
+
+
+def nccl_candidates():
+    """(include dir, lib dir) pairs to try, in order: $NCCL_HOME, the nvidia-nccl wheel, the system."""
+    home = os.environ.get("NCCL_HOME")
+    if home:
+        yield os.path.join(home, "include"), os.path.join(home, "lib")
     try:
         import nvidia.nccl
+
+        for root in nvidia.nccl.__path__:  # a namespace package
+            yield os.path.join(root, "include"), os.path.join(root, "lib")
     except ImportError:
-        return None
-    for root in nvidia.nccl.__path__:  # a namespace package
-        include, lib = os.path.join(root, "include"), os.path.join(root, "lib")
-        if os.path.exists(os.path.join(include, "nccl.h")) and os.path.exists(os.path.join(lib, "libnccl.so.2")):
-            return include, lib
+        pass
+    yield from SYSTEM_NCCL_FOLDERS
+
+
+def find_nccl():
+    """{"include", "lib", "flag"} of the first NCCL with both nccl.h and libnccl, or None."""
+    for include, lib in nccl_candidates():
+        flag = nccl_library(lib)
+        if flag and os.path.exists(os.path.join(include, "nccl.h")):
+            return {"include": include, "lib": lib, "flag": flag}
     return None
 
 
@@ -54,20 +98,21 @@ def cuda_plan(torch):
         say("building CPU-only: RINGREDUCE_CPU_ONLY=1")
         return None
     reason, plan = None, None
-    nvcc = shutil.which("nvcc")
+    nvcc, places = find_nvcc()
     if torch.version.cuda is None:
         reason = f"torch {torch.__version__} was built without CUDA"
     elif nvcc is None:
-        reason = "nvcc is not on PATH"
+        reason = f"nvcc was not found (looked on {', '.join(places)}); set CUDA_HOME to the CUDA toolkit folder"
     else:
         home = os.environ.get("CUDA_HOME") or toolkit_of(nvcc)
-        nccl = nccl_folder()
+        nccl = find_nccl()
         if not os.path.exists(os.path.join(home, "include", "cuda_runtime.h")):
             reason = f"no CUDA headers under {home} (set CUDA_HOME to the toolkit folder)"
         elif nccl is None:
-            reason = "the nvidia-nccl wheel (a dependency of CUDA torch) is not installed"
+            reason = ("NCCL was not found: no nccl.h with libnccl in $NCCL_HOME, the nvidia-nccl wheel or the "
+                      "system folders; install nvidia-nccl-cu13 (or your CUDA's) or set NCCL_HOME")
         else:
-            plan = {"home": home, "nccl_include": nccl[0], "nccl_lib": nccl[1]}
+            plan = {"home": home, "nvcc": nvcc, "nccl": nccl}
     if plan is None:
         if os.environ.get("RINGREDUCE_FORCE_CUDA") == "1":
             raise SystemExit(f"ringreduce setup: RINGREDUCE_FORCE_CUDA=1 but the CUDA part cannot be built: {reason}")
@@ -83,6 +128,8 @@ def extension():
         # torch guesses CUDA_HOME from the nvcc on PATH (its grandparent folder), which is wrong
         # for a wrapper or a link: tell it before cpp_extension reads it.
         os.environ["CUDA_HOME"] = plan["home"]
+        # cpp_extension runs $CUDA_HOME/bin/nvcc; a wrapper found elsewhere goes first on PATH.
+        os.environ["PATH"] = os.path.dirname(plan["nvcc"]) + os.pathsep + os.environ.get("PATH", "")
         if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
             os.environ["TORCH_CUDA_ARCH_LIST"] = DEFAULT_CUDA_ARCHS
     from torch.utils.cpp_extension import CppExtension, CUDAExtension
@@ -96,16 +143,18 @@ def extension():
     if plan is None:
         return CppExtension("ringreduce._C", sources, include_dirs=[os.path.join(HERE, "csrc")],
                             define_macros=defines, extra_compile_args={"cxx": cxx})
+    nccl = plan["nccl"]
     say(f"building with CUDA ({plan['home']}, archs {os.environ.get('TORCH_CUDA_ARCH_LIST', 'of the visible GPUs')}) "
-        f"and NCCL ({plan['nccl_lib']})")
+        f"and NCCL ({nccl['lib']})")
     sources += sorted(glob.glob(os.path.join("csrc", "cuda", "*.cpp"))) + sorted(glob.glob(os.path.join("csrc", "cuda", "*.cu")))
     return CUDAExtension(
         "ringreduce._C",
         sources,
-        include_dirs=[os.path.join(HERE, "csrc"), plan["nccl_include"]],
+        include_dirs=[os.path.join(HERE, "csrc"), nccl["include"]],
         define_macros=defines + [("RINGREDUCE_WITH_CUDA", "1")],
-        # The wheel ships libnccl.so.2 without a libnccl.so link: name the file, and find it at run time.
-        extra_link_args=[f"-L{plan['nccl_lib']}", "-l:libnccl.so.2", f"-Wl,-rpath,{plan['nccl_lib']}"],
+        # The wheel ships libnccl.so.2 without a libnccl.so link (find_nccl names the file then);
+        # the rpath finds it at run time.
+        extra_link_args=[f"-L{nccl['lib']}", nccl["flag"], f"-Wl,-rpath,{nccl['lib']}"],
         extra_compile_args={"cxx": cxx, "nvcc": ["-O3"]},
     )
 
