@@ -74,3 +74,21 @@ def assert_bitwise_equal(results, expected=None, context=""):
             f"{context}: result differs from the closed form at "
             f"{(first != expected).nonzero()[:5].flatten().tolist()}"
         )
+
+
+def kernel_reference(a, b, op, world, last):
+    """What one reduction kernel call must produce for dst=a, src=b: torch in the kernel's compute
+    type (float32 for 16-bit floats), rounded back to the dtype once."""
+    wide = torch.float32 if a.dtype in (torch.float16, torch.bfloat16) else a.dtype
+    x, y = a.to(wide), b.to(wide)
+    if op in (R.SUM, R.AVG):
+        out = x + y
+        if op == R.AVG and last:
+            out = out / world
+    elif op == R.PRODUCT:
+        out = x * y
+    elif op == R.MIN:
+        out = torch.minimum(x, y)
+    else:
+        out = torch.maximum(x, y)
+    return out.to(a.dtype)

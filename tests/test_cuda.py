@@ -5,6 +5,7 @@ import datetime
 import os
 import tempfile
 import threading
+import time
 
 import pytest
 import torch
@@ -12,29 +13,13 @@ import torch.distributed as dist
 
 import ringreduce
 from ringreduce import _C
-from reference import ALL_DTYPES, FLOAT_DTYPES, R, assert_bitwise_equal, exact_inputs, ops_for, reference
+from reference import (ALL_DTYPES, FLOAT_DTYPES, R, assert_bitwise_equal, exact_inputs, kernel_reference, ops_for,
+                       reference)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 OP_CODES = {R.SUM: 0, R.AVG: 1, R.MIN: 2, R.MAX: 3, R.PRODUCT: 4}
 # Lengths around the 16-byte packs and the grid, plus one that spans many blocks.
 LENGTHS = [1, 7, 8, 9, 15, 16, 17, 1000, 4099, (1 << 20) + 3]
-
-
-def torch_reference(a, b, op, world, last):
-    """What the kernel must produce, computed by torch in the kernel's compute type."""
-    wide = torch.float32 if a.dtype in (torch.float16, torch.bfloat16) else a.dtype
-    x, y = a.to(wide), b.to(wide)
-    if op in (R.SUM, R.AVG):
-        out = x + y
-        if op == R.AVG and last:
-            out = out / world
-    elif op == R.PRODUCT:
-        out = x * y
-    elif op == R.MIN:
-        out = torch.minimum(x, y)
-    else:
-        out = torch.maximum(x, y)
-    return out.to(a.dtype)
 
 
 def random_pair(n, dtype, op, gen):
@@ -60,7 +45,7 @@ def test_reduce_kernel_matches_torch_for_every_op_length_and_alignment(dtype):
                 for last in (False, True):
                     a, b = random_pair(n, dtype, op, gen)
                     dst, src = a[offset : offset + n], b[offset : offset + n]
-                    expected = torch_reference(dst, src, op, 3, last)
+                    expected = kernel_reference(dst, src, op, 3, last)
                     copy = torch.empty_like(dst)
                     _C.cuda_reduce(dst, src, OP_CODES[op], 3, last, copy)
                     context = f"{dtype} {op} n={n} offset={offset} last={last}"
@@ -82,8 +67,16 @@ def test_ring_and_central_on_virtual_ranks_of_one_gpu(world, algorithm):
                 segment = max(1, numel * tensors[0].element_size() // world // 3) + 5
                 local.all_reduce(tensors, op=op, algorithm=algorithm, segment_bytes=segment)
                 torch.cuda.synchronize()
-                assert_bitwise_equal([t.cpu() for t in tensors], reference(inputs, op),
-                                     f"{algorithm} world={world} numel={numel} {dtype} {op}")
+                context = f"{algorithm} world={world} numel={numel} {dtype} {op}"
+                if op == R.AVG and dtype in (torch.float16, torch.bfloat16):
+                    # Pre-multiplied by 1/world, as NCCL: the same bits everywhere, within the
+                    # rounding of one scale and world - 1 additions of the mean.
+                    assert_bitwise_equal([t.cpu() for t in tensors], context=context)
+                    mean = reference(inputs, op).double()
+                    error = (tensors[0].cpu().double() - mean).abs()
+                    assert (error <= world * torch.finfo(dtype).eps * (mean.abs() + 2)).all(), context
+                else:
+                    assert_bitwise_equal([t.cpu() for t in tensors], reference(inputs, op), context)
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
@@ -185,3 +178,67 @@ def test_a_cuda_tensor_on_a_cpu_transport_is_refused():
     with pytest.raises(ValueError, match="cpu ranks"):
         ringreduce.all_reduce(t, group=local.group(0))
     assert torch.equal(t.cpu(), torch.ones(4))
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "central"])
+def test_non_contiguous_and_bool_tensors_on_virtual_gpu_ranks(algorithm):
+    world = 3
+    local = ringreduce.LocalWorld(world, timeout=datetime.timedelta(seconds=120), device="cuda")
+    inputs = exact_inputs(world, 2 * 10_007, torch.float32, R.SUM)
+    tensors = [t.cuda()[::2] for t in inputs]  # every other element: strided views
+    local.all_reduce(tensors, algorithm=algorithm, segment_bytes=4096)
+    expected = reference([t[::2] for t in inputs], R.SUM)
+    assert_bitwise_equal([t.cpu() for t in tensors], expected, "strided")
+    offset = [t.cuda()[1:] for t in inputs]  # misaligned by one element: the kernels' scalar head
+    local.all_reduce(offset, algorithm=algorithm, segment_bytes=4096)
+    assert_bitwise_equal([t.cpu() for t in offset], reference([t[1:] for t in inputs], R.SUM), "offset")
+    flags = [torch.tensor([True, True, False, rank == 1], device="cuda") for rank in range(world)]
+    local.all_reduce(flags, op=R.MAX, algorithm=algorithm)
+    assert all(f.cpu().tolist() == [True, True, False, True] for f in flags)
+    local.all_reduce(flags, op=R.MIN, algorithm=algorithm)
+    assert all(f.cpu().tolist() == [True, True, False, True] for f in flags)
+
+
+def test_a_virtual_gpu_rank_that_never_sends_raises_within_the_timeout():
+    local = ringreduce.LocalWorld(2, timeout=datetime.timedelta(seconds=1), device="cuda")
+    t = torch.ones(1 << 20, device="cuda")
+    start = time.monotonic()
+    with pytest.raises(ringreduce.CommTimeoutError, match="rank 1"):
+        ringreduce.all_reduce(t, group=local.group(0))  # rank 1 never calls
+    assert time.monotonic() - start < 1 + 2
+
+
+def test_the_device_header_check_flags_a_neighbour_that_differs():
+    device = torch.cuda.current_device()
+    assert _C.device_header_check(1000, 1000, device)[0] == 0
+    assert _C.device_header_check(1000, 999, device) == (1, 1000, 999)
+
+
+def test_nccl_sends_and_receives_on_one_gpu():
+    with tempfile.TemporaryDirectory() as tmp:
+        store = dist.FileStore(os.path.join(tmp, "store"), 1)
+        src = torch.arange(1 << 20, device="cuda", dtype=torch.float32)
+        dst = torch.zeros_like(src)
+        _C.nccl_self_exchange(store, src, dst, 60.0)
+        assert torch.equal(dst, src)
+
+
+def test_float16_avg_does_not_overflow_where_the_average_fits():
+    world = 8
+    local = ringreduce.LocalWorld(world, timeout=datetime.timedelta(seconds=60), device="cuda")
+    for algorithm in ("ring", "central"):
+        tensors = [torch.full((10_007,), 16384.0, dtype=torch.float16, device="cuda") for _ in range(world)]
+        local.all_reduce(tensors, op=R.AVG, algorithm=algorithm, segment_bytes=4096)
+        torch.cuda.synchronize()
+        for t in tensors:
+            assert torch.equal(t.cpu(), torch.full((10_007,), 16384.0, dtype=torch.float16)), algorithm
+
+
+def test_the_watchdog_frees_a_stream_stalled_on_the_gpu():
+    # A kernel waits for a flag nobody sets, as a receive waits for a sender that never comes.
+    timeout_s = 1.0
+    message, seconds = _C.cuda_watchdog_stall(torch.cuda.current_device(), timeout_s)
+    assert "collective #0 on a stalled stream did not finish within 1000 ms" in message
+    assert timeout_s <= seconds < timeout_s + 2
+    t = torch.ones(4, device="cuda")  # the GPU is free again
+    assert torch.equal((t + 1).cpu(), torch.full((4,), 2.0))

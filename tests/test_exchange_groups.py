@@ -82,6 +82,12 @@ def test_ring_hands_over_one_send_and_one_receive_per_step_in_the_same_order_on_
 def test_central_groups_match_and_finish(world, numel, segment_bytes):
     groups = groups_of(numel, world, segment_bytes, 1, "central")
     assert run_groups(groups) == sum(len(g) for g in groups)
+    if numel > 0:
+        # The root hands each segment's results to every peer in one group, not one group per peer.
+        result_groups = [g for g in groups[0] if all(is_send for is_send, _, _ in g)]
+        segments = len(_C.central_schedule(numel, 4, segment_bytes))
+        assert len(result_groups) == segments
+        assert all(sorted(peer for _, peer, _ in g) == list(range(1, world)) for g in result_groups)
 
 
 def test_the_simulator_catches_a_rank_that_waits_for_a_send_queued_behind_it():

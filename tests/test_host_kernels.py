@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ringreduce import _C
-from reference import ALL_DTYPES, R, ops_for
+from reference import ALL_DTYPES, R, kernel_reference, ops_for
 
 pytestmark = [
     pytest.mark.host_kernels,
@@ -54,24 +54,6 @@ def random_values(n, dtype, gen):
     return torch.randint(low, high + 1, (n,), generator=gen, dtype=torch.int64).to(dtype)
 
 
-def expected(a, b, op, last):
-    """What the kernel must produce: torch in the kernel's compute type (float32 for 16-bit floats),
-    rounded back to the dtype once."""
-    wide = torch.float32 if a.dtype in (torch.float16, torch.bfloat16) else a.dtype
-    x, y = a.to(wide), b.to(wide)
-    if op in (R.SUM, R.AVG):
-        out = x + y
-        if op == R.AVG and last:
-            out = out / WORLD
-    elif op == R.PRODUCT:
-        out = x * y
-    elif op == R.MIN:
-        out = torch.minimum(x, y)
-    else:
-        out = torch.maximum(x, y)
-    return out.to(a.dtype)
-
-
 def bits(t):
     return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.dtype.itemsize])
 
@@ -93,7 +75,7 @@ def test_kernel_body_matches_torch_for_every_op_length_alignment_and_grid(dtype)
             a, b = random_values(n, dtype, gen), random_values(n, dtype, gen)
             for dst_at, src_at, copy_at in offsets(dtype):
                 for last in (False, True) if op == R.AVG else (False,):
-                    want = expected(a, b, op, last)
+                    want = kernel_reference(a, b, op, WORLD, last)
                     for with_copy in (False, True):
                         for blocks, threads in GRIDS:
                             dst, src = operand(a, dst_at), operand(b, src_at)
@@ -123,3 +105,42 @@ def test_kernel_body_refuses_avg_on_integers_and_an_empty_grid():
     f = torch.ones(8)
     with pytest.raises(ValueError, match="grid"):
         _C.host_reduce(f, f.clone(), OP_CODES[R.SUM], WORLD, False, None, 0, 32)
+
+
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16), ids=str)
+def test_avg_premultiply_body_matches_torch_for_every_length_alignment_and_grid(dtype):
+    gen = torch.Generator().manual_seed(5)
+    for world in (2, 3, 8):
+        factor = torch.tensor(1.0 / world, dtype=torch.float32).item()
+        for n in lengths(dtype):
+            values = random_values(n, dtype, gen)
+            want = (values.float() * factor).to(dtype)
+            for offset in (0, 1, 7):
+                for blocks, threads in GRIDS:
+                    data = operand(values, offset)
+                    _C.host_scale(data, factor, blocks, threads)
+                    assert_same_values(data, want, f"{dtype} world={world} n={n} offset={offset} grid={blocks}x{threads}")
+
+
+def test_avg_premultiply_keeps_float16_partial_sums_in_range():
+    # Eight ranks' 16384s: their float16 sum (131072) overflows, their average does not. Summed
+    # pairwise as the ring does, plain values reach inf; pre-multiplied ones land on the average
+    # (every partial sum is a multiple of 2048, exact in float16).
+    world = 8
+
+    def pairwise_sum(contributions):
+        total = contributions[0].clone()
+        for c in contributions[1:]:
+            _C.host_reduce(total, c, OP_CODES[R.SUM], world, False, None, 2, 8)
+        return total
+
+    plain = [torch.full((33,), 16384.0, dtype=torch.float16) for _ in range(world)]
+    assert torch.isinf(pairwise_sum(plain)).all()
+    for c in plain:
+        _C.host_scale(c, 1.0 / world, 2, 8)
+    assert torch.equal(pairwise_sum(plain), torch.full((33,), 16384.0, dtype=torch.float16))
+
+
+def test_the_premultiply_is_refused_for_other_dtypes():
+    with pytest.raises(ValueError, match="float16 and bfloat16"):
+        _C.host_scale(torch.ones(4), 0.5, 1, 1)

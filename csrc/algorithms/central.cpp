@@ -14,10 +14,11 @@ void central_all_reduce(Transport& transport, const Reducer& reducer, void* data
   char* base = static_cast<char*>(data);
   auto address = [&](const Span& span) { return base + span.offset * elem; };
 
-  const std::size_t ahead = transport.can_post_ahead() ? kRecvsAhead : 0;
+  const bool post_ahead = transport.can_post_ahead();
+  const std::size_t ahead = post_ahead ? kRecvsAhead : 0;
   if (rank != root) {
     // Send each segment to the root and take the result back in its place.
-    RequestWindow sends(transport, transport.can_post_ahead() ? kSendsInFlight : 0);
+    RequestWindow sends(transport, post_ahead ? kSendsInFlight : 0);
     RequestWindow results(transport, ahead);
     for (const Span& span : spans) {
       sends.push(transport.isend(root, address(span), span.count * elem));
@@ -38,7 +39,9 @@ void central_all_reduce(Transport& transport, const Reducer& reducer, void* data
                                                   peer == last_peer));
     }
   };
-  RequestWindow broadcasts(transport, transport.can_post_ahead() ? kSendsInFlight * (world - 1) : 0);
+  // A transport that cannot post ahead hands a segment's N-1 result sends over together (one NCCL
+  // group): they are all posted, then drained.
+  RequestWindow broadcasts(transport, (post_ahead ? kSendsInFlight : 1) * (world - 1));
   std::size_t gathered = 0;  // segments whose receives are posted
   for (std::size_t j = 0; j < spans.size(); ++j) {
     while (gathered < spans.size() && gathered <= j + ahead) post_gather(gathered++);
@@ -48,6 +51,7 @@ void central_all_reduce(Transport& transport, const Reducer& reducer, void* data
     for (int peer = 0; peer < world; ++peer) {
       if (peer != root) broadcasts.push(transport.isend(peer, address(spans[j]), spans[j].count * elem));
     }
+    if (!post_ahead) broadcasts.drain();
   }
   broadcasts.drain();
 }

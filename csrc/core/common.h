@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "core/header.h"
+
 namespace ringreduce {
 
 // Element types the engine reduces. Bool travels as UInt8 (MIN, MAX and PRODUCT only).
@@ -47,27 +49,6 @@ class TimeoutError : public std::runtime_error {
 class MismatchError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
-};
-
-// What every rank must agree on for one collective. It travels with the first message to each
-// peer (in a slot header, a message descriptor, or a small message of its own) and is compared on
-// arrival, before any data is touched.
-struct CollectiveHeader {
-  std::uint64_t sequence = 0;  // collectives issued on this communicator before this one
-  std::uint64_t numel = 0;
-  std::uint64_t segment_bytes = 0;  // pipeline segment size of the call
-  std::int32_t root = 0;            // central reducer only
-  std::uint8_t dtype = 0;
-  std::uint8_t op = 0;
-  std::uint8_t algorithm = 0;
-  std::uint8_t lanes = 1;      // pipeline lanes of the ring (RINGREDUCE_LANES)
-
-  bool operator==(const CollectiveHeader& other) const {
-    return sequence == other.sequence && numel == other.numel && segment_bytes == other.segment_bytes &&
-           dtype == other.dtype && op == other.op && algorithm == other.algorithm && lanes == other.lanes &&
-           (algorithm != 1 || root == other.root);
-  }
-  bool operator!=(const CollectiveHeader& other) const { return !(*this == other); }
 };
 
 // "1000 x float32, SUM, ring (collective #5)"; the segment size and lanes are named when they

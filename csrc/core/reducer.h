@@ -13,8 +13,15 @@ class Reducer {
   explicit Reducer(DType dtype) : dtype_(dtype) {}
   virtual ~Reducer() = default;
 
+  // Runs once per collective on this rank's own input, before any of it is sent or reduced (on a
+  // GPU: first in stream order). A reducer that averages by pre-multiplying, as NCCL's ncclAvg
+  // does, scales the input by 1/world here and then sums, so partial sums stay in range; the
+  // others leave the input alone.
+  virtual void prepare(void* data, std::size_t count) const {}
+
   // dst[i] = dst[i] op src[i] for i < count. With `last`, AVG divides the result by the world size
-  // (each element takes its `last` reduction exactly once). dst and src do not overlap.
+  // (each element takes its `last` reduction exactly once), unless prepare() pre-multiplied. dst
+  // and src do not overlap.
   virtual void reduce(void* dst, const void* src, std::size_t count, bool last) const = 0;
 
   // As reduce(), and also writes the result to `copy` in the same pass.

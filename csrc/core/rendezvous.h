@@ -2,7 +2,10 @@
 // store shared by the group. The torch glue backs it with the group's c10d::Store.
 #pragma once
 
+#include <optional>
 #include <string>
+
+#include "core/common.h"
 
 namespace ringreduce {
 
@@ -17,5 +20,11 @@ class Rendezvous {
   // Whether the key is set, without waiting.
   virtual bool has(const std::string& key) = 0;
 };
+
+// Abort notices through the store, so that every rank of a group reports the failure the first
+// aborting rank saw. Returns the group's notice: the first one published.
+AbortNotice publish_abort(Rendezvous& rendezvous, const AbortNotice& notice);
+// A notice some rank has published, without waiting.
+std::optional<AbortNotice> published_abort(Rendezvous& rendezvous);
 
 }  // namespace ringreduce

@@ -1,11 +1,16 @@
 #include "core/transport.h"
 
+#include <cstdint>
 #include <cstdlib>
 
 namespace ringreduce {
 
 // Staging buffers start on a cache line (and page) boundary so the reduction loops vectorise.
 constexpr std::size_t kStagingAlignBytes = 4096;
+// A receive-reduce lands in its staging at the same offset from a 64-byte line as its destination,
+// so that a misaligned destination (a view such as t[1:]) still lines up with its source for the
+// vector loops and the GPU's 16-byte packs. 64 covers both (an AVX-512 vector is 64 bytes).
+constexpr std::size_t kStagingMatchBytes = 64;
 
 std::shared_ptr<void> MessageTransport::allocate_staging(std::size_t bytes) {
   const std::size_t rounded = (bytes + kStagingAlignBytes - 1) / kStagingAlignBytes * kStagingAlignBytes;
@@ -28,9 +33,10 @@ MessageTransport::Staging MessageTransport::take_staging(std::size_t bytes) {
 }
 
 Request MessageTransport::irecv_reduce(int peer, void* data, std::size_t bytes, const Reducer& reducer, bool last) {
-  Staging staging = take_staging(bytes);
-  const Request request = irecv(peer, staging.memory.get(), bytes);
-  pending_reduces_.emplace(request.id, PendingReduce{data, std::move(staging), lane_, bytes, &reducer, last});
+  Staging staging = take_staging(bytes + kStagingMatchBytes);
+  char* into = static_cast<char*>(staging.memory.get()) + reinterpret_cast<std::uintptr_t>(data) % kStagingMatchBytes;
+  const Request request = irecv(peer, into, bytes);
+  pending_reduces_.emplace(request.id, PendingReduce{data, into, std::move(staging), lane_, bytes, &reducer, last});
   return request;
 }
 
@@ -70,8 +76,7 @@ void MessageTransport::complete(Request request) {
   pending_reduces_.erase(it);
   // The reduction runs in the selected lane's order; only its own lane's order follows the receive.
   RR_CHECK(pending.lane == lane_, "a receive posted in lane ", pending.lane, " was waited for in lane ", lane_);
-  pending.reducer->reduce(pending.dst, pending.staging.memory.get(), pending.bytes / pending.reducer->element_size(),
-                          pending.last);
+  pending.reducer->reduce(pending.dst, pending.src, pending.bytes / pending.reducer->element_size(), pending.last);
   free_staging_[pending.lane].push_back(std::move(pending.staging));
 }
 

@@ -132,6 +132,7 @@ class MessageTransport : public Transport {
   };
   struct PendingReduce {
     void* dst;
+    const void* src;  // where in `staging` the bytes land
     Staging staging;
     std::size_t lane;
     std::size_t bytes;

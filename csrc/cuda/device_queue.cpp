@@ -53,11 +53,14 @@ DeviceQueue::~DeviceQueue() {
 
 void DeviceQueue::select_lane(std::size_t lane) {
   RR_CHECK(lane < streams_.size(), "lane ", lane, " of a device queue with ", streams_.size());
+  if (lane != 0 && fork_pending_) fork_now();
   lane_ = lane;
 }
 
-void DeviceQueue::fork_lanes() {
-  if (streams_.size() == 1) return;
+void DeviceQueue::fork_lanes() { fork_pending_ = streams_.size() > 1; }
+
+void DeviceQueue::fork_now() {
+  fork_pending_ = false;
   const auto forked = events_.record(streams_[0]);
   for (std::size_t lane = 1; lane < streams_.size(); ++lane) {
     RR_CUDA_CHECK(cudaStreamWaitEvent(streams_[lane], static_cast<cudaEvent_t>(forked.get()), 0));
@@ -66,14 +69,14 @@ void DeviceQueue::fork_lanes() {
 
 void DeviceQueue::join_lanes() {
   lane_ = 0;
+  if (fork_pending_) {  // only the main stream ran: nothing to join
+    fork_pending_ = false;
+    return;
+  }
   for (std::size_t lane = 1; lane < streams_.size(); ++lane) {
     const auto done = events_.record(streams_[lane]);
     RR_CUDA_CHECK(cudaStreamWaitEvent(streams_[0], static_cast<cudaEvent_t>(done.get()), 0));
   }
-}
-
-void DeviceQueue::synchronize() {
-  for (cudaStream_t stream : streams_) cudaStreamSynchronize(stream);
 }
 
 void DeviceQueue::release_to(void* caller) {

@@ -41,8 +41,10 @@ class EventPool {
 };
 
 // One stream per pipeline lane. Lane 0 is the main stream, the one the caller's stream is joined
-// to; the other lanes fork from it at fork_lanes() and join it again at join_lanes(). Work queued
-// through cuda_stream() (copies, reduction kernels, NCCL calls) goes to the selected lane.
+// to; the other lanes fork from it when a collective first selects them after fork_lanes(), so
+// whatever the collective queues on lane 0 before that (a header check, AVG's pre-multiply) comes
+// first for every lane, and they join it again at join_lanes(). Work queued through cuda_stream()
+// (copies, reduction kernels, NCCL calls) goes to the selected lane.
 class DeviceQueue final : public StreamContext {
  public:
   // Engine-owned non-blocking streams on `device` (they never sync with stream 0).
@@ -58,12 +60,10 @@ class DeviceQueue final : public StreamContext {
   EventPool& events() { return events_; }
 
   void select_lane(std::size_t lane);
-  // Every lane waits for what the main stream holds now.
+  // Every lane will wait for what the main stream holds when the lane is first selected.
   void fork_lanes();
   // The main stream waits for every lane, and is selected again.
   void join_lanes();
-  // Blocks until every lane is idle (teardown only).
-  void synchronize();
 
   void* stream() const override { return streams_[0]; }
   std::shared_ptr<void> mark(void* stream) override { return events_.record(static_cast<cudaStream_t>(stream)); }
@@ -72,9 +72,12 @@ class DeviceQueue final : public StreamContext {
   void release_to(void* caller) override;
 
  private:
+  void fork_now();
+
   int device_;
   std::vector<cudaStream_t> streams_;
   std::size_t lane_ = 0;
+  bool fork_pending_ = false;  // fork_lanes() was called and no lane but the main one selected since
   EventPool events_;
 };
 

@@ -30,11 +30,38 @@ struct SimulatedGrid {
   }
 };
 
+struct SimulatedScaleGrid {
+  void* data;
+  std::size_t count;
+  float factor;
+  std::size_t threads;
+
+  template <typename Format>
+  bool run() const {
+    for (std::size_t thread = 0; thread < threads; ++thread) {
+      scale_span<Format>(static_cast<typename Format::Storage*>(data), count, factor, thread, threads);
+    }
+    return true;
+  }
+};
+
+void check_grid(std::size_t blocks, std::size_t threads_per_block) {
+  if (blocks == 0 || threads_per_block == 0) throw std::invalid_argument("ringreduce: a grid needs a thread");
+}
+
 }  // namespace
+
+void host_scale(DType dtype, void* data, std::size_t count, float factor, std::size_t blocks,
+                std::size_t threads_per_block) {
+  check_grid(blocks, threads_per_block);
+  if (!dispatch_scale(dtype, false, SimulatedScaleGrid{data, count, factor, blocks * threads_per_block})) {
+    throw std::invalid_argument("ringreduce: the AVG pre-multiply is for float16 and bfloat16 only");
+  }
+}
 
 void host_reduce(DType dtype, ReduceOp op, void* dst, const void* src, void* copy, std::size_t count, int world,
                  bool last, std::size_t blocks, std::size_t threads_per_block) {
-  if (blocks == 0 || threads_per_block == 0) throw std::invalid_argument("ringreduce: a grid needs a thread");
+  check_grid(blocks, threads_per_block);
   const SimulatedGrid grid{dst, src, copy, count, world, blocks * threads_per_block};
   if (!dispatch_reduce(dtype, op, last, copy != nullptr, false, grid)) {
     throw std::invalid_argument("ringreduce: AVG is not defined for integer tensors");

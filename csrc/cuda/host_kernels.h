@@ -14,5 +14,9 @@ namespace cuda {
 void host_reduce(DType dtype, ReduceOp op, void* dst, const void* src, void* copy, std::size_t count, int world,
                  bool last, std::size_t blocks, std::size_t threads_per_block);
 
+// As launch_scale(), on host memory, over a simulated grid.
+void host_scale(DType dtype, void* data, std::size_t count, float factor, std::size_t blocks,
+                std::size_t threads_per_block);
+
 }  // namespace cuda
 }  // namespace ringreduce

@@ -3,18 +3,27 @@
 //
 // A lane's transfers and the reductions they feed run in order on that lane's stream, so a
 // segment's next send follows its reduction with no event in between, and while one lane reduces
-// the other lane's transfer is in flight. The host never blocks for the GPU.
+// the other lane's transfer is in flight. The host never blocks for the GPU: a watchdog thread
+// polls each collective and aborts the communicator once one is past the group's timeout, or when
+// the device header check or a peer's published notice says the group has failed.
 #pragma once
 
 #include <nccl.h>
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <memory>
+#include <mutex>
 
 #include "core/rendezvous.h"
 #include "core/transport.h"
 #include "cuda/device_queue.h"
+#include "cuda/header_check.h"
 #include "transports/exchange_groups.h"
+#include "transports/watchdog.h"
 
 namespace ringreduce {
 namespace cuda {
@@ -23,10 +32,25 @@ namespace cuda {
 // each kernel launch (a few microseconds) is amortised over enough bytes. Not yet measured on a GPU.
 constexpr std::size_t kNcclSegmentBytes = 4 << 20;
 
+// Exchanges the host may issue ahead of the GPU. Far enough for a deep pipeline (each exchange is
+// an NCCL kernel and a reduction, microseconds of GPU time), and far below CUDA's launch queue
+// (about a thousand launches), so a stalled GPU never blocks the host inside an NCCL call, where
+// the watchdog could not abort it safely. Not yet measured on a GPU.
+constexpr std::size_t kIssueWindow = 64;
+
+// Device memory for staging, ordered on `stream` (the torch glue passes torch's caching allocator,
+// so staging shares the memory a training process has reserved). Freed when the pointer is dropped.
+using DeviceAllocator = std::function<std::shared_ptr<void>(std::size_t bytes, cudaStream_t stream)>;
+
 class NcclTransport final : public MessageTransport {
  public:
-  // Collective over the group: group rank 0 creates the NCCL id and publishes it in the store.
-  NcclTransport(Rendezvous& rendezvous, int rank, int world, DeviceQueue& queue, std::chrono::milliseconds timeout);
+  // Collective over the group: group rank 0 creates the NCCL id and publishes it in the store, every
+  // rank waits (up to the timeout) for all the others, and the connections to every peer are made
+  // before the first call. `notices` carries abort notices between the ranks' watchdogs.
+  NcclTransport(std::unique_ptr<Rendezvous> notices, int rank, int world, DeviceQueue& queue, DeviceAllocator allocate,
+                std::chrono::milliseconds timeout);
+  // Waits for the collectives in flight, then destroys (or aborts) the communicator; bounded by the
+  // timeout.
   ~NcclTransport() override;
 
   int rank() const override { return rank_; }
@@ -39,10 +63,11 @@ class NcclTransport final : public MessageTransport {
   std::size_t max_lanes() const override { return queue_.lanes(); }
   std::size_t default_lanes() const override { return queue_.lanes(); }
 
-  // Every lane starts after what the caller queued before the collective...
+  // Raises what the watchdog found; sends the header to the next rank and compares the previous
+  // rank's on the device (with `check`); every lane starts after what the caller queued before...
   void begin_collective(const CollectiveHeader& header, bool check) override;
   void select_lane(std::size_t lane) override;
-  // ...and the caller's later work waits for every lane.
+  // ...and the caller's later work waits for every lane; the watchdog polls the collective.
   void end_collective() override;
 
   Request isend(int peer, const void* data, std::size_t bytes) override;
@@ -51,20 +76,45 @@ class NcclTransport final : public MessageTransport {
  protected:
   void wait_transfer(Request request) override;
   std::shared_ptr<void> allocate_staging(std::size_t bytes) override;
-  // NCCL headers are not compared (that would need the host to read device memory, and the host
-  // never blocks for the GPU); the notice stays local to this rank.
+  // Publishes the notice for the other ranks and aborts the communicator.
   AbortNotice abort_transfers(const AbortNotice& notice) override;
 
  private:
+  class Completion;
+  // What an abort or a teardown running on a thread of its own shares with the transport: it may
+  // outlive the transport when NCCL does not return (its proxy waits for peers on the same node).
+  struct NcclComm {
+    ncclComm_t comm = nullptr;
+    std::timed_mutex calls;  // held around NCCL calls, so the communicator never goes under one
+    std::atomic<bool> ending{false};  // an abort or a destroy has started
+    std::mutex mutex;
+    std::condition_variable ended_changed;
+    bool ended = false;
+  };
   void issue(const std::vector<HeldTransfer>& group);
-  void finish(ncclResult_t result, const char* what);
+  // Keeps the host within kIssueWindow exchanges of the GPU, polling (never blocking in CUDA) and
+  // raising what the watchdog finds meanwhile.
+  void throttle();
+  void connect_all(const HeaderSlots* slots);
+  // Ends the communicator once, on a thread of its own: ncclCommAbort, or ncclCommDestroy after
+  // work that finished. Returns whether that happened within `wait`.
+  bool end_communicator(bool abort, std::chrono::milliseconds wait);
+  // Throws for an NCCL call that did not succeed, naming it.
+  void check(ncclResult_t result, const char* what);
 
   int rank_;
   int world_;
   DeviceQueue& queue_;
+  DeviceAllocator allocate_;
   std::chrono::milliseconds timeout_;
-  ncclComm_t comm_ = nullptr;
-  ExchangeGroups unissued_;  // posted and not yet handed to NCCL
+  std::unique_ptr<Rendezvous> notices_;
+  std::shared_ptr<NcclComm> nccl_ = std::make_shared<NcclComm>();
+  std::shared_ptr<void> slots_;          // HeaderSlots in device memory
+  MismatchReport* report_ = nullptr;     // mapped host memory the compare kernel writes
+  MismatchReport* report_on_device_ = nullptr;
+  ExchangeGroups unissued_;              // posted and not yet handed to NCCL
+  std::deque<std::shared_ptr<void>> issued_;  // an event after each exchange still on the GPU
+  std::unique_ptr<Watchdog> watchdog_;   // last: its thread reads the members above
 };
 
 // "major.minor.patch" of the NCCL library loaded at run time.

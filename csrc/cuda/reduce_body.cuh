@@ -71,6 +71,39 @@ RR_HOST_DEVICE void reduce_span(typename Format::Storage* dst, const typename Fo
   }
 }
 
+// Thread `thread` of `threads`: data[i] = data[i] * factor, rounded once to the storage type; the
+// pre-multiply of AVG (Reducer::prepare). Split like a reduction of data with itself.
+template <typename Format>
+RR_HOST_DEVICE void scale_span(typename Format::Storage* data, std::size_t count, typename Format::Compute factor,
+                               std::size_t thread, std::size_t threads) {
+  using Storage = typename Format::Storage;
+  constexpr int kCount = Pack<Storage>::kCount;
+  const SpanSplit split = split_span<Storage>(data, data, nullptr, count);
+  for (std::size_t p = thread; p < split.packs; p += threads) {
+    Storage* at = data + split.head + p * kCount;
+    Pack<Storage> pack = load_pack(at);
+    RR_UNROLL
+    for (int i = 0; i < kCount; ++i) pack.values[i] = Format::store(Format::load(pack.values[i]) * factor);
+    store_pack(at, pack);
+  }
+  const std::size_t tail_start = split.head + split.packs * kCount;
+  for (std::size_t s = thread; s < split.head + split.tail; s += threads) {
+    const std::size_t i = s < split.head ? s : tail_start + (s - split.head);
+    data[i] = Format::store(Format::load(data[i]) * factor);
+  }
+}
+
+// Calls launcher.template run<Format>() for the 16-bit float formats, the ones AVG pre-multiplies;
+// `invalid` for any other dtype.
+template <typename Result, typename Launcher>
+Result dispatch_scale(DType dtype, Result invalid, Launcher&& launcher) {
+  switch (dtype) {
+    case DType::Float16: return launcher.template run<HalfFormat>();
+    case DType::BFloat16: return launcher.template run<BFloat16Format>();
+    default: return invalid;
+  }
+}
+
 // The work items one call has for its threads: packs or scalar elements, whichever are more.
 template <typename Storage>
 RR_HOST_DEVICE std::size_t span_work(const void* dst, const void* src, const void* copy, std::size_t count) {

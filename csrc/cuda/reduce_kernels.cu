@@ -22,6 +22,14 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   reduce_span<Format, Op, kDivide, kCopy>(dst, src, copy, count, divisor, thread, threads);
 }
 
+template <typename Format>
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    scale_kernel(typename Format::Storage* __restrict__ data, std::size_t count, typename Format::Compute factor) {
+  const std::size_t thread = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::size_t threads = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  scale_span<Format>(data, count, factor, thread, threads);
+}
+
 // The most blocks of `kernel` that are resident at once on the current GPU: a grid-stride loop
 // needs no more, since every extra block would only wait for a free slot.
 template <typename Kernel>
@@ -35,6 +43,13 @@ int resident_blocks(Kernel kernel) {
     return 1;
   }
   return std::max(sms * per_sm, 1);
+}
+
+// Blocks for `work` items of `kernel`: one item per thread up to what is resident at once.
+template <typename Kernel>
+int blocks_for(Kernel kernel, std::size_t work, int most_blocks) {
+  const std::size_t wanted = (work + kThreadsPerBlock - 1) / kThreadsPerBlock;
+  return static_cast<int>(std::max<std::size_t>(1, std::min<std::size_t>(wanted, most_blocks)));
 }
 
 struct Launch {
@@ -51,8 +66,7 @@ struct Launch {
     const auto kernel = reduce_kernel<Format, Op, kDivide, kCopy>;
     // Asked once per instantiation; every GPU of the process is taken to be of one kind.
     static const int most_blocks = resident_blocks(kernel);
-    const std::size_t wanted = (span_work<Storage>(dst, src, copy, count) + kThreadsPerBlock - 1) / kThreadsPerBlock;
-    const int blocks = static_cast<int>(std::max<std::size_t>(1, std::min<std::size_t>(wanted, most_blocks)));
+    const int blocks = blocks_for(kernel, span_work<Storage>(dst, src, copy, count), most_blocks);
     kernel<<<blocks, kThreadsPerBlock, 0, stream>>>(static_cast<Storage*>(dst), static_cast<const Storage*>(src),
                                                     static_cast<Storage*>(copy), count,
                                                     static_cast<typename Format::Compute>(world));
@@ -60,7 +74,29 @@ struct Launch {
   }
 };
 
+struct LaunchScale {
+  void* data;
+  std::size_t count;
+  float factor;
+  cudaStream_t stream;
+
+  template <typename Format>
+  cudaError_t run() const {
+    using Storage = typename Format::Storage;
+    const auto kernel = scale_kernel<Format>;
+    static const int most_blocks = resident_blocks(kernel);
+    const int blocks = blocks_for(kernel, span_work<Storage>(data, data, nullptr, count), most_blocks);
+    kernel<<<blocks, kThreadsPerBlock, 0, stream>>>(static_cast<Storage*>(data), count, factor);
+    return cudaGetLastError();
+  }
+};
+
 }  // namespace
+
+cudaError_t launch_scale(DType dtype, void* data, std::size_t count, float factor, cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  return dispatch_scale(dtype, cudaErrorInvalidValue, LaunchScale{data, count, factor, stream});
+}
 
 cudaError_t launch_reduce(DType dtype, ReduceOp op, void* dst, const void* src, void* copy, std::size_t count,
                           int world, bool last, cudaStream_t stream) {

@@ -17,5 +17,9 @@ namespace cuda {
 cudaError_t launch_reduce(DType dtype, ReduceOp op, void* dst, const void* src, void* copy, std::size_t count,
                           int world, bool last, cudaStream_t stream);
 
+// data[i] = data[i] * factor on `stream`, rounded once: AVG's pre-multiply, for float16 and
+// bfloat16 (cudaErrorInvalidValue for other dtypes).
+cudaError_t launch_scale(DType dtype, void* data, std::size_t count, float factor, cudaStream_t stream);
+
 }  // namespace cuda
 }  // namespace ringreduce

@@ -70,6 +70,7 @@ void Communicator::all_reduce(const AllReduceArgs& args) {
   try {
     const char* check = std::getenv(kCheckCallsEnv);
     transport_->begin_collective(header, check == nullptr || std::string(check) != "0");
+    if (args.numel > 0 && size() > 1) reducer.prepare(args.data, args.numel);
     if (args.numel == 0) {
       agree_on_nothing(*transport_);
     } else if (args.algorithm == Algorithm::Ring) {

@@ -5,72 +5,33 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <chrono>
+#include <memory>
 
 #include "algorithms/schedule.h"
-#include "core/rendezvous.h"
 #include "cpu/reducer.h"
 #include "engine/communicator.h"
+#include "python/cuda_probes.h"
 #include "python/exchange_trace.h"
+#include "python/glue.h"
+#include "python/watchdog_probe.h"
 #include "transports/local.h"
 #include "transports/pg.h"
 #include "transports/shm.h"
 
 #if defined(RINGREDUCE_WITH_CUDA)
-#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include "cuda/cuda_check.h"
 #include "cuda/cuda_reducer.h"
 #include "cuda/device_memory.h"
 #include "cuda/device_queue.h"
-#include "cuda/host_kernels.h"
 #include "cuda/nccl_transport.h"
-#include "cuda/reduce_kernels.h"
 #endif
 
 namespace py = pybind11;
 
 namespace ringreduce {
 namespace {
-
-std::chrono::milliseconds to_millis(double seconds) {
-  if (!(seconds > 0)) throw std::invalid_argument("ringreduce: a timeout must be a positive number of seconds");
-  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
-}
-
-// The engine's dtype for a tensor; raises TypeError for what it cannot reduce. (ringreduce/_checks.py
-// has already refused other dtypes with the same kind of message.)
-DType to_dtype(const at::Tensor& tensor, ReduceOp op) {
-  if (tensor.layout() != at::kStrided) {
-    throw py::type_error(detail::concat("ringreduce cannot reduce ", tensor.layout(), " tensors; call .to_dense() first"));
-  }
-  if (tensor.is_meta()) {
-    throw py::type_error("ringreduce cannot reduce a meta tensor: it has no data; allocate it on cpu or cuda");
-  }
-  if (op == ReduceOp::Avg && !at::isFloatingType(tensor.scalar_type())) {
-    throw py::type_error("ringreduce: ReduceOp.AVG is not defined for integer tensors, as in torch.distributed; "
-                         "use SUM and divide, or a floating dtype");
-  }
-  switch (tensor.scalar_type()) {
-    case at::kFloat: return DType::Float32;
-    case at::kDouble: return DType::Float64;
-    case at::kHalf: return DType::Float16;
-    case at::kBFloat16: return DType::BFloat16;
-    case at::kChar: return DType::Int8;
-    case at::kByte: return DType::UInt8;
-    case at::kInt: return DType::Int32;
-    case at::kLong: return DType::Int64;
-    case at::kBool:
-      // 0/1 bytes: MIN is logical and, MAX logical or, PRODUCT logical and.
-      if (op == ReduceOp::Min || op == ReduceOp::Max || op == ReduceOp::Product) return DType::UInt8;
-      throw py::type_error("ringreduce: torch.bool tensors support MIN, MAX and PRODUCT only; "
-                           "convert to an integer dtype for SUM");
-    default:
-      throw py::type_error("ringreduce: unsupported dtype " + std::string(c10::toString(tensor.scalar_type())) +
-                           "; use float32, float64, float16, bfloat16, int8, uint8, int32 or int64");
-  }
-}
 
 // Deletes a communicator without the GIL: its worker may be finishing a job whose completion
 // runs Python callbacks.
@@ -82,28 +43,6 @@ void delete_without_gil(Communicator* communicator) {
     delete communicator;
   }
 }
-
-// The engine's rendezvous, backed by a torch.distributed store.
-class StoreRendezvous final : public Rendezvous {
- public:
-  explicit StoreRendezvous(c10d::Store& store) : store_(c10::intrusive_ptr<c10d::Store>::reclaim_copy(&store)) {}
-  void set(const std::string& key, const std::string& value) override {
-    store_->set(key, std::vector<std::uint8_t>(value.begin(), value.end()));
-  }
-  std::string get(const std::string& key) override {
-    const std::vector<std::uint8_t> value = store_->get(key);
-    return std::string(value.begin(), value.end());
-  }
-  std::string set_once(const std::string& key, const std::string& value) override {
-    const std::vector<std::uint8_t> held =
-        store_->compareSet(key, std::vector<std::uint8_t>{}, std::vector<std::uint8_t>(value.begin(), value.end()));
-    return std::string(held.begin(), held.end());
-  }
-  bool has(const std::string& key) override { return store_->check({key}); }
-
- private:
-  c10::intrusive_ptr<c10d::Store> store_;
-};
 
 std::shared_ptr<Communicator> make_communicator(std::unique_ptr<Transport> transport,
                                                Communicator::ReducerFactory make_reducer = &make_cpu_reducer,
@@ -311,37 +250,6 @@ std::shared_ptr<Communicator> make_device_communicator(
       std::move(queue));
 }
 
-// The operands of the kernel entry points below: contiguous tensors of one size and dtype, on
-// the GPU or on the host as `cuda` says. Returns the engine's dtype.
-DType kernel_operands(const char* entry, bool cuda, const at::Tensor& dst, const at::Tensor& src,
-                      const c10::optional<at::Tensor>& copy, ReduceOp op) {
-  auto fits = [&](const at::Tensor& t) {
-    return t.is_cuda() == cuda && t.is_contiguous() && t.numel() == dst.numel() && t.scalar_type() == dst.scalar_type();
-  };
-  TORCH_CHECK(fits(dst) && fits(src) && (!copy || fits(*copy)), entry, " needs contiguous ", cuda ? "CUDA" : "CPU",
-              " tensors of one size and dtype");
-  return to_dtype(dst, op);
-}
-
-// The kernel on its own, on the current stream: for tests and benchmarks/kernel_bench.py.
-void cuda_reduce(const at::Tensor& dst, const at::Tensor& src, int op_code, int world, bool last,
-                 const c10::optional<at::Tensor>& copy) {
-  const auto op = static_cast<ReduceOp>(op_code);
-  const DType dtype = kernel_operands("cuda_reduce", true, dst, src, copy, op);
-  const c10::cuda::CUDAGuard on_device(dst.device());
-  RR_CUDA_CHECK(cuda::launch_reduce(dtype, op, dst.data_ptr(), src.data_ptr(), copy ? copy->data_ptr() : nullptr,
-                                    static_cast<std::size_t>(dst.numel()), world, last,
-                                    c10::cuda::getCurrentCUDAStream().stream()));
-}
-
-// The kernel's body on CPU tensors over a simulated grid (tests/test_host_kernels.py).
-void host_reduce(const at::Tensor& dst, const at::Tensor& src, int op_code, int world, bool last,
-                 const c10::optional<at::Tensor>& copy, std::size_t blocks, std::size_t threads_per_block) {
-  const auto op = static_cast<ReduceOp>(op_code);
-  const DType dtype = kernel_operands("host_reduce", false, dst, src, copy, op);
-  cuda::host_reduce(dtype, op, dst.data_ptr(), src.data_ptr(), copy ? copy->data_ptr() : nullptr,
-                    static_cast<std::size_t>(dst.numel()), world, last, blocks, threads_per_block);
-}
 #endif
 
 }  // namespace
@@ -406,18 +314,13 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "nccl_communicator",
       [](c10d::Store& store, int rank, int world, int device, double timeout_s) {
-        StoreRendezvous rendezvous(store);
         return make_device_communicator(device, [&](cuda::DeviceQueue& queue) {
-          return std::make_unique<cuda::NcclTransport>(rendezvous, rank, world, queue, to_millis(timeout_s));
+          return std::make_unique<cuda::NcclTransport>(std::make_unique<StoreRendezvous>(store), rank, world, queue,
+                                                       caching_allocator(device), to_millis(timeout_s));
         });
       },
       py::arg("store"), py::arg("rank"), py::arg("world"), py::arg("device"), py::arg("timeout_s"),
       py::call_guard<py::gil_scoped_release>(), "A communicator over NCCL point-to-point on GPU `device`.");
-  m.def("cuda_reduce", &cuda_reduce, py::arg("dst"), py::arg("src"), py::arg("op"), py::arg("world"), py::arg("last"),
-        py::arg("copy") = py::none(), "dst = dst op src (and copy = the result) with the engine's kernel.");
-  m.def("host_reduce", &host_reduce, py::arg("dst"), py::arg("src"), py::arg("op"), py::arg("world"), py::arg("last"),
-        py::arg("copy"), py::arg("blocks"), py::arg("threads_per_block"),
-        "The kernel's body on CPU tensors, every thread of a blocks x threads_per_block grid in turn.");
 #endif
 
   m.def("ring_schedule", &ring_schedule_py, py::arg("numel"), py::arg("elem_size"), py::arg("world"), py::arg("rank"),
@@ -427,4 +330,6 @@ PYBIND11_MODULE(_C, m) {
         "The groups of (is_send, peer, bytes) a transport that groups like nccl hands over, for one float32 call.");
   m.def("central_schedule", &central_schedule_py, py::arg("numel"), py::arg("elem_size"), py::arg("segment_bytes"));
   m.def("build_info", &build_info);
+  bind_watchdog_probe(m);
+  bind_cuda_probes(m);
 }

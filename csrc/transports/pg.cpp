@@ -9,17 +9,6 @@ namespace {
 // of kProcessGroupMaxLanes, so every tag keeps its lane in its low part.
 constexpr int kTagCycle = 1 << 24;
 static_assert(kTagCycle % kProcessGroupMaxLanes == 0, "tags must keep their lane when they wrap");
-// The store key where the first aborting rank leaves its notice for the others.
-constexpr const char* kAbortKey = "abort";
-
-std::string encode(const AbortNotice& notice) {
-  return std::string(1, static_cast<char>('0' + static_cast<int>(notice.kind))) + notice.message;
-}
-
-AbortNotice decode(const std::string& text) {
-  if (text.empty()) return {AbortNotice::Kind::Failure, "ringreduce: pg: a peer aborted without a reason"};
-  return {static_cast<AbortNotice::Kind>(text[0] - '0'), text.substr(1)};
-}
 
 }  // namespace
 
@@ -70,7 +59,7 @@ void ProcessGroupTransport::wait_work(Pending& pending) {
     pending.work->wait(timeout_);
   } catch (const std::exception& error) {
     // A peer that aborted closed its connections: report its notice, the same on every rank.
-    if (notices_->has(kAbortKey)) decode(notices_->get(kAbortKey)).raise();
+    if (const std::optional<AbortNotice> notice = published_abort(*notices_)) notice->raise();
     throw std::runtime_error(detail::concat("ringreduce: rank ", rank_, pending.is_send ? " sending to" : " receiving from",
                                             " rank ", pending.peer, " over ", backend_->getBackendName(),
                                             " failed (timeout ", timeout_.count(), " ms): ", error.what()));
@@ -86,7 +75,7 @@ void ProcessGroupTransport::wait_transfer(Request request) {
 }
 
 AbortNotice ProcessGroupTransport::abort_transfers(const AbortNotice& notice) {
-  const AbortNotice first = decode(notices_->set_once(kAbortKey, encode(notice)));
+  const AbortNotice first = publish_abort(*notices_, notice);
   for (auto& entry : pending_) entry.second.work->abort();
   pending_.clear();
   // Dropping the backend closes its connections, so peers waiting on us fail now, not at timeout.

@@ -1,0 +1,32 @@
+// The call header every rank compares before moving data. Plain data, usable in device code (the
+// GPU compares headers in a kernel), so no standard-library types.
+#pragma once
+
+#include <cstdint>
+
+#include "core/host_device.h"
+
+namespace ringreduce {
+
+// What every rank must agree on for one collective. It travels with the first message to each
+// peer (in a slot header, a message descriptor, or a small message of its own) and is compared on
+// arrival, before any data is touched.
+struct CollectiveHeader {
+  std::uint64_t sequence = 0;  // collectives issued on this communicator before this one
+  std::uint64_t numel = 0;
+  std::uint64_t segment_bytes = 0;  // pipeline segment size of the call
+  std::int32_t root = 0;            // central reducer only
+  std::uint8_t dtype = 0;
+  std::uint8_t op = 0;
+  std::uint8_t algorithm = 0;
+  std::uint8_t lanes = 1;      // pipeline lanes of the ring (RINGREDUCE_LANES)
+
+  RR_HOST_DEVICE bool operator==(const CollectiveHeader& other) const {
+    return sequence == other.sequence && numel == other.numel && segment_bytes == other.segment_bytes &&
+           dtype == other.dtype && op == other.op && algorithm == other.algorithm && lanes == other.lanes &&
+           (algorithm != 1 || root == other.root);
+  }
+  RR_HOST_DEVICE bool operator!=(const CollectiveHeader& other) const { return !(*this == other); }
+};
+
+}  // namespace ringreduce

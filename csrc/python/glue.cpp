@@ -1,0 +1,58 @@
+#include "python/glue.h"
+
+#if defined(RINGREDUCE_WITH_CUDA)
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#endif
+
+namespace py = pybind11;
+
+namespace ringreduce {
+
+std::chrono::milliseconds to_millis(double seconds) {
+  if (!(seconds > 0)) throw std::invalid_argument("ringreduce: a timeout must be a positive number of seconds");
+  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
+}
+
+DType to_dtype(const at::Tensor& tensor, ReduceOp op) {
+  if (tensor.layout() != at::kStrided) {
+    throw py::type_error(detail::concat("ringreduce cannot reduce ", tensor.layout(), " tensors; call .to_dense() first"));
+  }
+  if (tensor.is_meta()) {
+    throw py::type_error("ringreduce cannot reduce a meta tensor: it has no data; allocate it on cpu or cuda");
+  }
+  if (op == ReduceOp::Avg && !at::isFloatingType(tensor.scalar_type())) {
+    throw py::type_error("ringreduce: ReduceOp.AVG is not defined for integer tensors, as in torch.distributed; "
+                         "use SUM and divide, or a floating dtype");
+  }
+  switch (tensor.scalar_type()) {
+    case at::kFloat: return DType::Float32;
+    case at::kDouble: return DType::Float64;
+    case at::kHalf: return DType::Float16;
+    case at::kBFloat16: return DType::BFloat16;
+    case at::kChar: return DType::Int8;
+    case at::kByte: return DType::UInt8;
+    case at::kInt: return DType::Int32;
+    case at::kLong: return DType::Int64;
+    case at::kBool:
+      // 0/1 bytes: MIN is logical and, MAX logical or, PRODUCT logical and.
+      if (op == ReduceOp::Min || op == ReduceOp::Max || op == ReduceOp::Product) return DType::UInt8;
+      throw py::type_error("ringreduce: torch.bool tensors support MIN, MAX and PRODUCT only; "
+                           "convert to an integer dtype for SUM");
+    default:
+      throw py::type_error("ringreduce: unsupported dtype " + std::string(c10::toString(tensor.scalar_type())) +
+                           "; use float32, float64, float16, bfloat16, int8, uint8, int32 or int64");
+  }
+}
+
+#if defined(RINGREDUCE_WITH_CUDA)
+cuda::DeviceAllocator caching_allocator(int device) {
+  return [device](std::size_t bytes, cudaStream_t stream) {
+    const c10::cuda::CUDAGuard on_device(static_cast<c10::DeviceIndex>(device));
+    void* memory = c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(bytes == 0 ? 1 : bytes, stream);
+    return std::shared_ptr<void>(memory, [](void* p) { c10::cuda::CUDACachingAllocator::raw_delete(p); });
+  };
+}
+#endif
+
+}  // namespace ringreduce

@@ -1,0 +1,56 @@
+// What the torch glue shares: conversions from Python and torch types, the store-backed rendezvous,
+// and (CUDA builds) staging memory from torch's caching allocator.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <string>
+
+#include "core/common.h"
+#include "core/rendezvous.h"
+
+#if defined(RINGREDUCE_WITH_CUDA)
+#include "cuda/nccl_transport.h"
+#endif
+
+namespace ringreduce {
+
+// Seconds from Python as milliseconds; refuses what is not a positive number.
+std::chrono::milliseconds to_millis(double seconds);
+
+// The engine's dtype for a tensor; raises TypeError for what it cannot reduce. (ringreduce/_checks.py
+// has already refused other dtypes with the same kind of message.)
+DType to_dtype(const at::Tensor& tensor, ReduceOp op);
+
+// The engine's rendezvous, backed by a torch.distributed store.
+class StoreRendezvous final : public Rendezvous {
+ public:
+  explicit StoreRendezvous(c10d::Store& store) : store_(c10::intrusive_ptr<c10d::Store>::reclaim_copy(&store)) {}
+  void set(const std::string& key, const std::string& value) override {
+    store_->set(key, std::vector<std::uint8_t>(value.begin(), value.end()));
+  }
+  std::string get(const std::string& key) override {
+    const std::vector<std::uint8_t> value = store_->get(key);
+    return std::string(value.begin(), value.end());
+  }
+  std::string set_once(const std::string& key, const std::string& value) override {
+    const std::vector<std::uint8_t> held =
+        store_->compareSet(key, std::vector<std::uint8_t>{}, std::vector<std::uint8_t>(value.begin(), value.end()));
+    return std::string(held.begin(), held.end());
+  }
+  bool has(const std::string& key) override { return store_->check({key}); }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+};
+
+#if defined(RINGREDUCE_WITH_CUDA)
+// Staging for the nccl transport from torch's caching allocator, on the stream that will use it:
+// it shares the memory the process has reserved instead of holding HBM outside torch's view.
+cuda::DeviceAllocator caching_allocator(int device);
+#endif
+
+}  // namespace ringreduce

@@ -1,0 +1,12 @@
+// A probe for the tests: the Watchdog driven by a fake completion source from Python, so its
+// timing, ordering and abort rules are checked on machines without a GPU.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace ringreduce {
+
+// Adds _C.WatchdogProbe to `module`.
+void bind_watchdog_probe(pybind11::module_& module);
+
+}  // namespace ringreduce
