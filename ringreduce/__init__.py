@@ -9,7 +9,7 @@ import torch  # noqa: F401  (loads libtorch before the extension)
 
 from ringreduce import hooks
 from ringreduce._C import CommTimeoutError, MismatchError
-from ringreduce.collectives import all_reduce, destroy
+from ringreduce.collectives import all_gather_into_tensor, all_reduce, broadcast, destroy, reduce_scatter_tensor
 from ringreduce.info import build_info
 from ringreduce.local import LocalGroup, LocalWorld
 
@@ -20,8 +20,11 @@ __all__ = [
     "LocalGroup",
     "LocalWorld",
     "MismatchError",
+    "all_gather_into_tensor",
     "all_reduce",
+    "broadcast",
     "build_info",
     "destroy",
     "hooks",
+    "reduce_scatter_tensor",
 ]

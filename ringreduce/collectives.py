@@ -1,4 +1,4 @@
-"""The drop-in all_reduce."""
+"""The drop-in collectives: all_reduce, reduce_scatter_tensor, all_gather_into_tensor and broadcast."""
 
 import atexit
 import warnings
@@ -53,6 +53,70 @@ def all_reduce(
         return None
     comm = communicator(group, tensor, transport, algorithm)
     work = comm.all_reduce(tensor, code, algorithm_code(algorithm), check_segment_bytes(segment_bytes), root, async_op)
+    return work if async_op else None
+
+
+def _outside(group, name):
+    """What torch.distributed does on a rank outside the group: warn, leave the tensors alone."""
+    if group is not dist.GroupMember.NON_GROUP_MEMBER:
+        return False
+    warnings.warn(f"ringreduce.{name} on global rank {dist.get_rank()}, which does not belong to the given group: "
+                  "nothing was done", stacklevel=3)
+    return True
+
+
+def _tensor_pair(output, input, name):
+    if not isinstance(output, torch.Tensor) or not isinstance(input, torch.Tensor):
+        raise TypeError(f"ringreduce.{name} expects torch.Tensor output and input, got "
+                        f"{type(output).__name__} and {type(input).__name__}")
+
+
+def reduce_scatter_tensor(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False, *, segment_bytes=None,
+                          transport=None):
+    """Reduce ``input`` across the ranks of ``group`` and leave rank r's share in ``output``, like
+    ``torch.distributed.reduce_scatter_tensor``: the ring's first half.
+
+    ``input`` holds world size times ``output``'s elements (any shapes); rank r receives the
+    reduction of every rank's r-th slice. ``input`` is left as it was. Ops, dtypes, ``transport``
+    and ``segment_bytes`` as all_reduce. Each rank moves (N-1)/N of ``input``.
+    """
+    _tensor_pair(output, input, "reduce_scatter_tensor")
+    code = op_code(op)
+    check_tensor(input, code)
+    if _outside(group, "reduce_scatter_tensor"):
+        return None
+    comm = communicator(group, input, transport, "ring")
+    work = comm.reduce_scatter(output, input, code, check_segment_bytes(segment_bytes), async_op)
+    return work if async_op else None
+
+
+def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False, *, segment_bytes=None,
+                           transport=None):
+    """Gather every rank's ``input_tensor`` into ``output_tensor``, rank r's in the r-th slice, like
+    ``torch.distributed.all_gather_into_tensor``: the ring's second half. Any dtype; each rank moves
+    (N-1)/N of ``output_tensor``."""
+    _tensor_pair(output_tensor, input_tensor, "all_gather_into_tensor")
+    if _outside(group, "all_gather_into_tensor"):
+        return None
+    comm = communicator(group, input_tensor, transport, "ring")
+    work = comm.all_gather(output_tensor, input_tensor, check_segment_bytes(segment_bytes), async_op)
+    return work if async_op else None
+
+
+def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, *, segment_bytes=None, transport=None):
+    """Copy ``tensor`` from one rank to every rank of ``group``, like ``torch.distributed.broadcast``:
+    ``src`` is a global rank, ``group_src`` a rank of ``group`` (give one). Segments are passed along
+    the ring from the source, so every link carries the tensor once. Any dtype."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"ringreduce.broadcast expects a torch.Tensor, got {type(tensor).__name__}")
+    if (src is None) == (group_src is None):
+        raise ValueError("ringreduce.broadcast needs exactly one of src (a global rank) and group_src (a group rank)")
+    if _outside(group, "broadcast"):
+        return None
+    if group_src is None:
+        group_src = src if group is None or hasattr(group, "communicator") else dist.get_group_rank(group, src)
+    comm = communicator(group, tensor, transport, "ring")
+    work = comm.broadcast(tensor, group_src, check_segment_bytes(segment_bytes), async_op)
     return work if async_op else None
 
 

@@ -1,4 +1,4 @@
-// All-reduce algorithms. They see a Transport and a Reducer, never a socket, segment or stream.
+// The collectives' algorithms. They see a Transport and a Reducer, never a socket, segment or stream.
 #pragma once
 
 #include <cstddef>
@@ -22,6 +22,21 @@ constexpr std::size_t kSendsInFlight = 2;
 // rank and copied to the others.
 void ring_all_reduce(Transport& transport, const Reducer& reducer, void* data, std::size_t numel,
                      std::size_t segment_bytes, std::size_t lanes);
+
+// The ring's first half alone: `data` holds `world` chunks of `chunk_elems`, and rank r ends with
+// chunk r reduced over every rank (the other chunks hold partial sums). Each rank moves (N-1)/N.
+void ring_reduce_scatter(Transport& transport, const Reducer& reducer, void* data, std::size_t chunk_elems,
+                         std::size_t segment_bytes, std::size_t lanes);
+
+// The ring's second half alone: rank r's chunk r of `data` (elements of `elem` bytes) reaches every
+// rank's chunk r. Each rank moves (N-1)/N of the buffer.
+void ring_all_gather(Transport& transport, std::size_t elem, void* data, std::size_t chunk_elems,
+                     std::size_t segment_bytes, std::size_t lanes);
+
+// Broadcast along the ring from `root`, pipelined by segment: each rank passes a segment on to the
+// next as it arrives, so every link carries the buffer once and the time is about one buffer's
+// transfer plus N-2 segments'. The last rank before the root only receives.
+void chain_broadcast(Transport& transport, void* data, std::size_t bytes, std::size_t segment_bytes, int root);
 
 // Central reducer (parameter-server style): every rank sends its buffer to `root`, which reduces
 // the contributions in a fixed order (its own, then the others by rank) and sends the result back.

@@ -3,13 +3,15 @@
 
 namespace ringreduce {
 
-void ring_all_reduce(Transport& transport, const Reducer& reducer, void* data, std::size_t numel,
-                     std::size_t segment_bytes, std::size_t lanes) {
+namespace {
+
+// One rank's part of a ring schedule: its sends, receives, reductions and forwards, in order.
+// `reducer` may be null when no transfer reduces (the all-gather).
+void run_ring(Transport& transport, const Reducer* reducer, std::size_t elem, void* data,
+              const std::vector<RingTransfer>& transfers) {
+  if (transfers.empty()) return;
   const int world = transport.size();
   const int rank = transport.rank();
-  const std::size_t elem = reducer.element_size();
-  const std::vector<RingTransfer> transfers = ring_schedule(numel, elem, world, rank, segment_bytes, lanes);
-  if (transfers.empty()) return;
 
   const int next = (rank + 1) % world;
   const int prev = (rank + world - 1) % world;
@@ -25,9 +27,9 @@ void ring_all_reduce(Transport& transport, const Reducer& reducer, void* data, s
     char* at = address(t.recv);
     const std::size_t bytes = t.recv.count * elem;
     if (t.forward) {
-      recvs[k] = transport.irecv_forward(prev, next, at, bytes, t.reduce ? &reducer : nullptr, t.last);
+      recvs[k] = transport.irecv_forward(prev, next, at, bytes, t.reduce ? reducer : nullptr, t.last);
     } else {
-      recvs[k] = t.reduce ? transport.irecv_reduce(prev, at, bytes, reducer, t.last) : transport.irecv(prev, at, bytes);
+      recvs[k] = t.reduce ? transport.irecv_reduce(prev, at, bytes, *reducer, t.last) : transport.irecv(prev, at, bytes);
     }
   };
 
@@ -48,6 +50,30 @@ void ring_all_reduce(Transport& transport, const Reducer& reducer, void* data, s
   }
   for (Request send : own_sends) transport.wait(send);
   transport.flush();
+}
+
+}  // namespace
+
+void ring_all_reduce(Transport& transport, const Reducer& reducer, void* data, std::size_t numel,
+                     std::size_t segment_bytes, std::size_t lanes) {
+  const std::size_t elem = reducer.element_size();
+  run_ring(transport, &reducer, elem, data,
+           ring_schedule(numel, elem, transport.size(), transport.rank(), segment_bytes, lanes));
+}
+
+void ring_reduce_scatter(Transport& transport, const Reducer& reducer, void* data, std::size_t chunk_elems,
+                         std::size_t segment_bytes, std::size_t lanes) {
+  const std::size_t elem = reducer.element_size();
+  const SegmentLayout layout = chunk_layout(chunk_elems, elem, transport.size(), segment_bytes);
+  run_ring(transport, &reducer, elem, data,
+           ring_schedule(layout, transport.size(), transport.rank(), lanes, RingPhases::ReduceScatter));
+}
+
+void ring_all_gather(Transport& transport, std::size_t elem, void* data, std::size_t chunk_elems,
+                     std::size_t segment_bytes, std::size_t lanes) {
+  const SegmentLayout layout = chunk_layout(chunk_elems, elem, transport.size(), segment_bytes);
+  run_ring(transport, nullptr, elem, data,
+           ring_schedule(layout, transport.size(), transport.rank(), lanes, RingPhases::AllGather));
 }
 
 void agree_on_nothing(Transport& transport) {

@@ -35,44 +35,62 @@ SegmentLayout segment_layout(std::size_t numel, std::size_t elem_size, int world
   return layout;
 }
 
-std::vector<RingTransfer> ring_schedule(std::size_t numel, std::size_t elem_size, int world, int rank,
-                                        std::size_t segment_bytes, std::size_t lanes) {
+SegmentLayout chunk_layout(std::size_t chunk_elems, std::size_t elem_size, int world, std::size_t segment_bytes) {
+  SegmentLayout layout = segment_layout(chunk_elems * static_cast<std::size_t>(world), elem_size, world, segment_bytes);
+  layout.chunk_elems = chunk_elems;
+  layout.segments_per_chunk = ceil_div(chunk_elems, layout.segment_elems);
+  return layout;
+}
+
+std::vector<RingTransfer> ring_schedule(const SegmentLayout& layout, int world, int rank, std::size_t lanes,
+                                        RingPhases phases) {
   RR_CHECK(rank >= 0 && rank < world, "rank ", rank, " is outside a world of ", world);
   RR_CHECK(lanes >= 1, "a ring needs at least one lane");
-  const SegmentLayout layout = segment_layout(numel, elem_size, world, segment_bytes);
   std::vector<RingTransfer> transfers;
   if (world == 1) return transfers;
-  const int steps = 2 * (world - 1);
-  transfers.reserve(steps * layout.segments_per_chunk);
+  const bool scatter = phases != RingPhases::AllGather;
+  const bool gather = phases != RingPhases::ReduceScatter;
+  // The chunk this rank owns between the halves.
+  const int owned = phases == RingPhases::AllReduce ? rank + 1 : rank;
+  const int first_step = scatter ? 0 : world - 1;
+  const int steps = gather ? 2 * (world - 1) : world - 1;
+  transfers.reserve((steps - first_step) * layout.segments_per_chunk);
   // Segments overlap in flight through the transport's slots, as slices do in NCCL's ring, and,
   // with several lanes, through the lanes: while one segment is reduced, the next one travels.
   for (std::size_t first = 0; first < layout.segments_per_chunk; first += lanes) {
     const std::size_t group_end = std::min(layout.segments_per_chunk, first + lanes);
-    for (int step = 0; step < steps; ++step) {
+    for (int step = first_step; step < steps; ++step) {
       for (std::size_t seg = first; seg < group_end; ++seg) {
         RingTransfer t;
         t.lane = seg - first;
         if (step < world - 1) {
-          // Reduce-scatter, step s: pass on chunk r-s (own data at s = 0, a partial sum after),
-          // receive chunk r-s-1 and reduce it. After world-1 steps rank r holds the result of chunk r+1.
-          t.send = layout.segment(wrap(rank - step, world), seg);
-          t.recv = layout.segment(wrap(rank - step - 1, world), seg);
+          // Reduce-scatter, step s: pass on chunk owned-1-s (own data at s = 0, a partial sum
+          // after), receive chunk owned-2-s and reduce it. After world-1 steps rank r holds the
+          // result of chunk `owned`.
+          t.send = layout.segment(wrap(owned - 1 - step, world), seg);
+          t.recv = layout.segment(wrap(owned - 2 - step, world), seg);
           t.reduce = true;
           t.last = step == world - 2;
-          t.send_own = step == 0;
         } else {
-          // All-gather, step s: pass on chunk r+1-s (the owned result at s = 0, a copy after),
-          // receive the finished chunk r-s in place.
+          // All-gather, step s: pass on chunk owned-s (the owned result at s = 0, a copy after),
+          // receive the finished chunk owned-1-s in place.
           const int s = step - (world - 1);
-          t.send = layout.segment(wrap(rank + 1 - s, world), seg);
-          t.recv = layout.segment(wrap(rank - s, world), seg);
+          t.send = layout.segment(wrap(owned - s, world), seg);
+          t.recv = layout.segment(wrap(owned - 1 - s, world), seg);
         }
-        t.forward = step < steps - 1;  // a segment's last all-gather step keeps what it gets
+        t.send_own = step == first_step;
+        t.forward = step < steps - 1;  // a segment's last step keeps what it gets
         transfers.push_back(t);
       }
     }
   }
   return transfers;
+}
+
+std::vector<RingTransfer> ring_schedule(std::size_t numel, std::size_t elem_size, int world, int rank,
+                                        std::size_t segment_bytes, std::size_t lanes) {
+  return ring_schedule(segment_layout(numel, elem_size, world, segment_bytes), world, rank, lanes,
+                       RingPhases::AllReduce);
 }
 
 std::vector<Span> central_schedule(std::size_t numel, std::size_t elem_size, std::size_t segment_bytes) {

@@ -28,7 +28,12 @@ struct SegmentLayout {
   Span segment(int chunk, std::size_t index) const;
 };
 
+// All-reduce: the buffer cut into `world` chunks whose starts are rounded to kChunkAlignBytes.
 SegmentLayout segment_layout(std::size_t numel, std::size_t elem_size, int world, std::size_t segment_bytes);
+
+// Reduce-scatter and all-gather of torch's tensors: `world` chunks of exactly `chunk_elems`, chunk r
+// being rank r's share.
+SegmentLayout chunk_layout(std::size_t chunk_elems, std::size_t elem_size, int world, std::size_t segment_bytes);
 
 // One pipelined ring transfer of rank r: send `send` to rank r+1, receive `recv` from rank r-1.
 // What rank r sends at position k is exactly what rank r+1 receives at position k, empty spans
@@ -45,11 +50,22 @@ struct RingTransfer {
   std::size_t lane = 0;   // the segment's pipeline lane (Transport::select_lane)
 };
 
+// Which halves of the ring a schedule makes, and so which chunk a rank owns between them.
+enum class RingPhases {
+  AllReduce,      // both halves; rank r finishes the reduce-scatter owning chunk r+1
+  ReduceScatter,  // the first half alone, rank r ending with chunk r reduced
+  AllGather,      // the second half alone, rank r starting with chunk r
+};
+
 // The whole ring for one rank, in issue order. Segments are taken `lanes` at a time, segment s in
 // lane s % lanes; within such a group the positions go step by step, and within a step segment by
 // segment, so consecutive positions belong to different lanes and never depend on each other.
-// Each segment makes the reduce-scatter steps then the all-gather steps. With one lane this is
-// segment-major: every step of a segment before the next segment.
+// Each segment makes its reduce-scatter steps then its all-gather steps (those `phases` asks for).
+// With one lane this is segment-major: every step of a segment before the next segment.
+std::vector<RingTransfer> ring_schedule(const SegmentLayout& layout, int world, int rank, std::size_t lanes,
+                                        RingPhases phases);
+
+// The all-reduce's schedule over segment_layout(numel, ...).
 std::vector<RingTransfer> ring_schedule(std::size_t numel, std::size_t elem_size, int world, int rank,
                                         std::size_t segment_bytes, std::size_t lanes = 1);
 

@@ -29,11 +29,32 @@ const char* op_name(ReduceOp op) {
 
 const char* algorithm_name(Algorithm algorithm) { return algorithm == Algorithm::Ring ? "ring" : "central"; }
 
+const char* collective_name(Collective collective) {
+  switch (collective) {
+    case Collective::AllReduce: return "all_reduce";
+    case Collective::ReduceScatter: return "reduce_scatter";
+    case Collective::AllGather: return "all_gather";
+    case Collective::Broadcast: return "broadcast";
+  }
+  return "unknown";
+}
+
 std::string describe(const CollectiveHeader& header, const CollectiveHeader& other) {
   const auto algorithm = static_cast<Algorithm>(header.algorithm);
-  std::string text = detail::concat(header.numel, " x ", dtype_name(static_cast<DType>(header.dtype)), ", ",
-                                    op_name(static_cast<ReduceOp>(header.op)), ", ", algorithm_name(algorithm));
-  if (algorithm == Algorithm::Central) text += detail::concat(" at root ", header.root);
+  const auto collective = static_cast<Collective>(header.collective);
+  const std::string what = detail::concat(header.numel, " x ", dtype_name(static_cast<DType>(header.dtype)));
+  std::string text;
+  switch (collective) {
+    case Collective::AllReduce:
+      text = detail::concat(what, ", ", op_name(static_cast<ReduceOp>(header.op)), ", ", algorithm_name(algorithm));
+      if (algorithm == Algorithm::Central) text += detail::concat(" at root ", header.root);
+      break;
+    case Collective::ReduceScatter:
+      text = detail::concat("reduce_scatter of ", what, ", ", op_name(static_cast<ReduceOp>(header.op)));
+      break;
+    case Collective::AllGather: text = detail::concat("all_gather of ", what); break;
+    case Collective::Broadcast: text = detail::concat("broadcast of ", what, " from root ", header.root); break;
+  }
   if (header.segment_bytes != other.segment_bytes) {
     text += detail::concat(" in segments of ", header.segment_bytes, " bytes");
   }
@@ -43,9 +64,9 @@ std::string describe(const CollectiveHeader& header, const CollectiveHeader& oth
 
 void throw_mismatch(int rank, const CollectiveHeader& mine, int peer, const CollectiveHeader& theirs) {
   throw MismatchError(detail::concat(
-      "ringreduce: the ranks disagree on this all-reduce: rank ", peer, " has ", describe(theirs, mine), ", rank ",
+      "ringreduce: the ranks disagree on this collective: rank ", peer, " has ", describe(theirs, mine), ", rank ",
       rank, " has ", describe(mine, theirs), ". Every rank of the group must make the same calls, in the same order, with the same "
-      "numel, dtype, op and algorithm (and root, segment size and RINGREDUCE_LANES); recreate the group's communicators with ringreduce.destroy(group)"));
+      "collective, numel, dtype, op and algorithm (and root, segment size and RINGREDUCE_LANES); recreate the group's communicators with ringreduce.destroy(group)"));
 }
 
 void AbortNotice::raise() const {

@@ -19,8 +19,6 @@ constexpr int kDTypeCount = 8;
 enum class ReduceOp : int { Sum, Avg, Min, Max, Product };
 constexpr int kReduceOpCount = 5;
 
-enum class Algorithm : int { Ring, Central };
-
 inline std::size_t element_size(DType dtype) {
   switch (dtype) {
     case DType::Float64:
@@ -38,6 +36,7 @@ inline std::size_t element_size(DType dtype) {
 const char* dtype_name(DType dtype);
 const char* op_name(ReduceOp op);
 const char* algorithm_name(Algorithm algorithm);
+const char* collective_name(Collective collective);
 
 // Raised when a peer does not answer within the group's timeout.
 class TimeoutError : public std::runtime_error {
@@ -51,8 +50,9 @@ class MismatchError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// "1000 x float32, SUM, ring (collective #5)"; the segment size and lanes are named when they
-// differ from `other`'s.
+// "1000 x float32, SUM, ring (collective #5)" for an all-reduce, "broadcast of 1000 x float32 from
+// root 2 (collective #5)" and the like for the others; the segment size and lanes are named when
+// they differ from `other`'s.
 std::string describe(const CollectiveHeader& header, const CollectiveHeader& other);
 
 // The error every rank raises when `mine` (ours) and `theirs` (peer's) differ.

@@ -8,6 +8,11 @@
 
 namespace ringreduce {
 
+enum class Algorithm : int { Ring, Central };
+
+// The collectives the engine runs.
+enum class Collective : int { AllReduce, ReduceScatter, AllGather, Broadcast };
+
 // What every rank must agree on for one collective. It travels with the first message to each
 // peer (in a slot header, a message descriptor, or a small message of its own) and is compared on
 // arrival, before any data is touched.
@@ -20,11 +25,18 @@ struct CollectiveHeader {
   std::uint8_t op = 0;
   std::uint8_t algorithm = 0;
   std::uint8_t lanes = 1;      // pipeline lanes of the ring (RINGREDUCE_LANES)
+  std::uint8_t collective = 0;  // Collective
+
+  // The root matters to the central reducer and to a broadcast.
+  RR_HOST_DEVICE bool has_root() const {
+    return algorithm == static_cast<std::uint8_t>(Algorithm::Central) ||
+           collective == static_cast<std::uint8_t>(Collective::Broadcast);
+  }
 
   RR_HOST_DEVICE bool operator==(const CollectiveHeader& other) const {
     return sequence == other.sequence && numel == other.numel && segment_bytes == other.segment_bytes &&
            dtype == other.dtype && op == other.op && algorithm == other.algorithm && lanes == other.lanes &&
-           (algorithm != 1 || root == other.root);
+           collective == other.collective && (!has_root() || root == other.root);
   }
   RR_HOST_DEVICE bool operator!=(const CollectiveHeader& other) const { return !(*this == other); }
 };

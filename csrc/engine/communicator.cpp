@@ -43,7 +43,7 @@ const Reducer& Communicator::reducer(DType dtype, ReduceOp op) {
   return *slot;
 }
 
-void Communicator::all_reduce(const AllReduceArgs& args) {
+void Communicator::run(const CollectiveArgs& args) {
   if (!broken_.message.empty()) {
     AbortNotice again = broken_;
     again.message = "ringreduce: this group's " + std::string(transport_->name()) +
@@ -51,13 +51,17 @@ void Communicator::all_reduce(const AllReduceArgs& args) {
                     "one): " + broken_.message;
     again.raise();
   }
+  RR_CHECK(args.collective == Collective::AllReduce || args.collective == Collective::Broadcast ||
+               args.numel % static_cast<std::size_t>(size()) == 0,
+           collective_name(args.collective), " of ", args.numel, " elements does not split into ", size(), " chunks");
   const std::size_t segment_bytes =
       args.segment_bytes > 0 ? args.segment_bytes : transport_->default_segment_bytes();
   const Reducer& reducer = this->reducer(args.dtype, args.op);
   const std::size_t wanted_lanes = positive_from_env(kLanesEnv, "1");
   const std::size_t asked_lanes = wanted_lanes > 0 ? wanted_lanes : transport_->default_lanes();
-  const std::size_t lanes =
-      args.algorithm != Algorithm::Ring ? 1 : std::min({transport_->max_lanes(), kMaxHeaderLanes, asked_lanes});
+  // The ring's collectives pipeline in lanes; the central reducer and the broadcast chain in one.
+  const bool ring = args.collective != Collective::Broadcast && args.algorithm == Algorithm::Ring;
+  const std::size_t lanes = ring ? std::min({transport_->max_lanes(), kMaxHeaderLanes, asked_lanes}) : 1;
   CollectiveHeader header;
   header.sequence = sequence_++;
   header.numel = args.numel;
@@ -67,16 +71,34 @@ void Communicator::all_reduce(const AllReduceArgs& args) {
   header.op = static_cast<std::uint8_t>(args.op);
   header.algorithm = static_cast<std::uint8_t>(args.algorithm);
   header.lanes = static_cast<std::uint8_t>(lanes);
+  header.collective = static_cast<std::uint8_t>(args.collective);
+  const std::size_t chunk = args.numel / static_cast<std::size_t>(size());
   try {
     const char* check = std::getenv(kCheckCallsEnv);
     transport_->begin_collective(header, check == nullptr || std::string(check) != "0");
-    if (args.numel > 0 && size() > 1) reducer.prepare(args.data, args.numel);
+    const bool reduces = args.collective == Collective::AllReduce || args.collective == Collective::ReduceScatter;
+    if (reduces && args.numel > 0 && size() > 1) reducer.prepare(args.data, args.numel);
     if (args.numel == 0) {
       agree_on_nothing(*transport_);
-    } else if (args.algorithm == Algorithm::Ring) {
-      ring_all_reduce(*transport_, reducer, args.data, args.numel, segment_bytes, lanes);
     } else {
-      central_all_reduce(*transport_, reducer, args.data, args.numel, segment_bytes, args.root);
+      switch (args.collective) {
+        case Collective::AllReduce:
+          if (args.algorithm == Algorithm::Ring) {
+            ring_all_reduce(*transport_, reducer, args.data, args.numel, segment_bytes, lanes);
+          } else {
+            central_all_reduce(*transport_, reducer, args.data, args.numel, segment_bytes, args.root);
+          }
+          break;
+        case Collective::ReduceScatter:
+          ring_reduce_scatter(*transport_, reducer, args.data, chunk, segment_bytes, lanes);
+          break;
+        case Collective::AllGather:
+          ring_all_gather(*transport_, reducer.element_size(), args.data, chunk, segment_bytes, lanes);
+          break;
+        case Collective::Broadcast:
+          chain_broadcast(*transport_, args.data, args.numel * reducer.element_size(), segment_bytes, args.root);
+          break;
+      }
     }
     transport_->end_collective();
   } catch (const MismatchError& error) {

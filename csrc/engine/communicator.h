@@ -26,14 +26,18 @@ constexpr const char* kLanesEnv = "RINGREDUCE_LANES";
 // transport's default, resolved when the collective runs).
 std::size_t resolve_segment_bytes(std::size_t requested);
 
-struct AllReduceArgs {
+// One collective call. `data` is the working buffer of `numel` elements: the tensor of an
+// all-reduce or a broadcast; `world` chunks of numel / world for a reduce-scatter (rank r's result
+// lands in chunk r) or an all-gather (rank r's input sits in chunk r).
+struct CollectiveArgs {
+  Collective collective = Collective::AllReduce;
   void* data = nullptr;
   std::size_t numel = 0;
   DType dtype = DType::Float32;
   ReduceOp op = ReduceOp::Sum;
   Algorithm algorithm = Algorithm::Ring;
   std::size_t segment_bytes = 0;  // 0: the transport's default
-  int root = 0;                   // central reducer only
+  int root = 0;                   // central reducer and broadcast only
 };
 
 class Communicator {
@@ -50,9 +54,9 @@ class Communicator {
   OrderedExecutor& executor() { return executor_; }
   StreamContext* stream_context() const { return stream_.get(); }
 
-  // Runs one all-reduce on the calling thread; call it from a job of executor(). After a failure
+  // Runs one collective on the calling thread; call it from a job of executor(). After a failure
   // the transport is aborted, every rank raises the same error, and every later call raises it again.
-  void all_reduce(const AllReduceArgs& args);
+  void run(const CollectiveArgs& args);
 
  private:
   const Reducer& reducer(DType dtype, ReduceOp op);

@@ -14,13 +14,17 @@ std::chrono::milliseconds to_millis(double seconds) {
   return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
 }
 
-DType to_dtype(const at::Tensor& tensor, ReduceOp op) {
+void require_dense(const at::Tensor& tensor) {
   if (tensor.layout() != at::kStrided) {
-    throw py::type_error(detail::concat("ringreduce cannot reduce ", tensor.layout(), " tensors; call .to_dense() first"));
+    throw py::type_error(detail::concat("ringreduce cannot move ", tensor.layout(), " tensors; call .to_dense() first"));
   }
   if (tensor.is_meta()) {
-    throw py::type_error("ringreduce cannot reduce a meta tensor: it has no data; allocate it on cpu or cuda");
+    throw py::type_error("ringreduce cannot move a meta tensor: it has no data; allocate it on cpu or cuda");
   }
+}
+
+DType to_dtype(const at::Tensor& tensor, ReduceOp op) {
+  require_dense(tensor);
   if (op == ReduceOp::Avg && !at::isFloatingType(tensor.scalar_type())) {
     throw py::type_error("ringreduce: ReduceOp.AVG is not defined for integer tensors, as in torch.distributed; "
                          "use SUM and divide, or a floating dtype");

@@ -21,6 +21,9 @@ namespace ringreduce {
 // Seconds from Python as milliseconds; refuses what is not a positive number.
 std::chrono::milliseconds to_millis(double seconds);
 
+// Raises TypeError for a sparse or meta tensor: they have no strided data to move.
+void require_dense(const at::Tensor& tensor);
+
 // The engine's dtype for a tensor; raises TypeError for what it cannot reduce. (ringreduce/_checks.py
 // has already refused other dtypes with the same kind of message.)
 DType to_dtype(const at::Tensor& tensor, ReduceOp op);
