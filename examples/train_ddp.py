@@ -2,6 +2,7 @@
 
     python examples/train_ddp.py --hook ring                     # spawns 2 local CPU ranks
     torchrun --nproc_per_node 2 examples/train_ddp.py --hook central
+    python examples/train_ddp.py --backend ringreduce --hook builtin   # the whole job on ringreduce, no hook
 
 The data is synthetic: inputs drawn from a fixed seed, labelled by a random "teacher" network, so
 the loss has something real to learn and nothing is downloaded. Each rank trains on its own shard.
@@ -62,11 +63,12 @@ def train(rank, world, args):
         dist.all_reduce(mean, op=dist.ReduceOp.AVG)
         rate = len(inputs) * world / (time.perf_counter() - start)
         if rank == 0:
-            print(f"epoch {epoch + 1:2d}  loss {mean.item():.4f}  {rate:8.0f} samples/s  (hook: {args.hook})", flush=True)
+            print(f"epoch {epoch + 1:2d}  loss {mean.item():.4f}  {rate:8.0f} samples/s  "
+                  f"(backend: {args.backend}, hook: {args.hook})", flush=True)
 
 
 def _spawned(rank, world, store_path, args):
-    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+    dist.init_process_group(args.backend, store=dist.FileStore(store_path, world), rank=rank, world_size=world)
     try:
         train(rank, world, args)
     finally:
@@ -76,6 +78,8 @@ def _spawned(rank, world, store_path, args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--backend", choices=("gloo", "ringreduce"), default="gloo",
+                        help="the torch.distributed backend of the job (ringreduce: every collective on the engine)")
     parser.add_argument("--hook", choices=sorted(HOOKS), default="ring")
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--samples", type=int, default=16384, help="training samples in all")
@@ -84,7 +88,7 @@ def main():
     parser.add_argument("--world", type=int, default=2, help="ranks to spawn without a launcher")
     args = parser.parse_args()
     if "RANK" in os.environ:
-        dist.init_process_group("gloo")
+        dist.init_process_group(args.backend)
         train(dist.get_rank(), dist.get_world_size(), args)
         ringreduce.destroy()
         dist.destroy_process_group()

@@ -7,13 +7,14 @@
 
 import torch  # noqa: F401  (loads libtorch before the extension)
 
-from ringreduce import hooks
+from ringreduce import backend, hooks
 from ringreduce._C import CommTimeoutError, MismatchError
 from ringreduce.collectives import all_gather_into_tensor, all_reduce, broadcast, destroy, reduce_scatter_tensor
 from ringreduce.info import build_info
 from ringreduce.local import LocalGroup, LocalWorld
 
 __version__ = build_info()["version"]
+backend.register()  # init_process_group("ringreduce")
 
 __all__ = [
     "CommTimeoutError",
@@ -22,6 +23,7 @@ __all__ = [
     "MismatchError",
     "all_gather_into_tensor",
     "all_reduce",
+    "backend",
     "broadcast",
     "build_info",
     "destroy",

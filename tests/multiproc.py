@@ -1,4 +1,4 @@
-"""Run a function on N processes joined by a gloo process group, and collect what each returns."""
+"""Run a function on N processes joined by a process group (gloo unless told), and collect what each returns."""
 
 import os
 import tempfile
@@ -11,11 +11,13 @@ import torch.multiprocessing as mp
 DEFAULT_RANKS_TIMEOUT_S = 240
 
 
-def _entry(rank, world, store_path, fn, args, results, env):
+def _entry(rank, world, store_path, fn, args, results, env, backend):
     os.environ.update(env)
     try:
+        if backend != "gloo":
+            import ringreduce  # noqa: F401  (registers the ringreduce backend)
         store = dist.FileStore(store_path, world)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world)
         results.put((rank, True, fn(rank, world, *args)))
     except BaseException:  # noqa: BLE001 - reported to the parent with its traceback
         results.put((rank, False, traceback.format_exc()))
@@ -24,7 +26,7 @@ def _entry(rank, world, store_path, fn, args, results, env):
             dist.destroy_process_group()
 
 
-def run_ranks(world, fn, *args, timeout=DEFAULT_RANKS_TIMEOUT_S, env=None, dying=()):
+def run_ranks(world, fn, *args, timeout=DEFAULT_RANKS_TIMEOUT_S, env=None, dying=(), backend="gloo"):
     """Return [fn(rank, world, *args) for each rank]; raise with the ranks' tracebacks on failure.
 
     Ranks in `dying` are expected to kill themselves: their entry in the result is their exit code.
@@ -34,7 +36,7 @@ def run_ranks(world, fn, *args, timeout=DEFAULT_RANKS_TIMEOUT_S, env=None, dying
     with tempfile.TemporaryDirectory() as tmp:
         store_path = os.path.join(tmp, "store")
         procs = [
-            ctx.Process(target=_entry, args=(rank, world, store_path, fn, args, results, env or {}))
+            ctx.Process(target=_entry, args=(rank, world, store_path, fn, args, results, env or {}, backend))
             for rank in range(world)
         ]
         for proc in procs:

@@ -3,6 +3,8 @@
 #if defined(RINGREDUCE_WITH_CUDA)
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
+
+#include "cuda/cuda_reducer.h"
 #endif
 
 namespace py = pybind11;
@@ -49,7 +51,46 @@ DType to_dtype(const at::Tensor& tensor, ReduceOp op) {
   }
 }
 
+namespace {
+
+void delete_without_gil(Communicator* communicator) {
+  if (PyGILState_Check()) {
+    py::gil_scoped_release release;
+    delete communicator;
+  } else {
+    delete communicator;
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<Communicator> make_communicator(std::unique_ptr<Transport> transport,
+                                               Communicator::ReducerFactory make_reducer,
+                                               std::unique_ptr<StreamContext> stream) {
+  return std::shared_ptr<Communicator>(new Communicator(std::move(transport), std::move(make_reducer), std::move(stream)),
+                                       &delete_without_gil);
+}
+
 #if defined(RINGREDUCE_WITH_CUDA)
+std::shared_ptr<Communicator> make_device_communicator(
+    int device, const std::function<std::unique_ptr<Transport>(cuda::DeviceQueue&)>& transport) {
+  auto queue = std::make_unique<cuda::DeviceQueue>(device, cuda::kDeviceLanes);
+  const cuda::DeviceQueue* streams = queue.get();
+  auto made = transport(*queue);
+  return make_communicator(
+      std::move(made),
+      [streams](DType dtype, ReduceOp op, int world) { return cuda::make_cuda_reducer(dtype, op, world, *streams); },
+      std::move(queue));
+}
+
+std::shared_ptr<Communicator> make_nccl_communicator(c10d::Store& store, int rank, int world, int device,
+                                                     std::chrono::milliseconds timeout) {
+  return make_device_communicator(device, [&](cuda::DeviceQueue& queue) {
+    return std::make_unique<cuda::NcclTransport>(std::make_unique<StoreRendezvous>(store), rank, world, queue,
+                                                 caching_allocator(device), timeout);
+  });
+}
+
 cuda::DeviceAllocator caching_allocator(int device) {
   return [device](std::size_t bytes, cudaStream_t stream) {
     const c10::cuda::CUDAGuard on_device(static_cast<c10::DeviceIndex>(device));

@@ -7,10 +7,14 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
+#include <functional>
+#include <memory>
 #include <string>
 
 #include "core/common.h"
 #include "core/rendezvous.h"
+#include "cpu/reducer.h"
+#include "engine/communicator.h"
 
 #if defined(RINGREDUCE_WITH_CUDA)
 #include "cuda/nccl_transport.h"
@@ -50,7 +54,22 @@ class StoreRendezvous final : public Rendezvous {
   c10::intrusive_ptr<c10d::Store> store_;
 };
 
+// A communicator over `transport`, deleted without the GIL (its worker may be finishing a job whose
+// completion runs Python callbacks). Host reducers unless told otherwise; `stream` for GPU ones.
+std::shared_ptr<Communicator> make_communicator(std::unique_ptr<Transport> transport,
+                                               Communicator::ReducerFactory make_reducer = &make_cpu_reducer,
+                                               std::unique_ptr<StreamContext> stream = nullptr);
+
 #if defined(RINGREDUCE_WITH_CUDA)
+// A GPU communicator on `device`: its streams (one per lane), the transport on them, and reducers
+// that launch on them. The communicator owns the queue and destroys it after the transport and reducers.
+std::shared_ptr<Communicator> make_device_communicator(
+    int device, const std::function<std::unique_ptr<Transport>(cuda::DeviceQueue&)>& transport);
+
+// The nccl communicator of a group (collective over it): group rank `rank` of `world`, on GPU `device`.
+std::shared_ptr<Communicator> make_nccl_communicator(c10d::Store& store, int rank, int world, int device,
+                                                     std::chrono::milliseconds timeout);
+
 // Staging for the nccl transport from torch's caching allocator, on the stream that will use it:
 // it shares the memory the process has reserved instead of holding HBM outside torch's view.
 cuda::DeviceAllocator caching_allocator(int device);

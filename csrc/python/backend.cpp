@@ -1,0 +1,238 @@
+#include "python/backend.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include "python/calls.h"
+#include "python/glue.h"
+
+namespace ringreduce {
+namespace {
+
+ReduceOp engine_op(const c10d::ReduceOp& op) {
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM: return ReduceOp::Sum;
+    case c10d::ReduceOp::AVG: return ReduceOp::Avg;
+    case c10d::ReduceOp::PRODUCT: return ReduceOp::Product;
+    case c10d::ReduceOp::MIN: return ReduceOp::Min;
+    case c10d::ReduceOp::MAX: return ReduceOp::Max;
+    default:
+      TORCH_CHECK(false, "the ringreduce backend supports ReduceOp SUM, AVG, PRODUCT, MIN and MAX; "
+                         "use a gloo or nccl group for the bitwise and premultiplied ops");
+  }
+}
+
+// Complex tensors are reduced through their real view, as torch's own backends do: exact for SUM
+// and AVG, meaningless for the others, which are refused.
+at::Tensor reducible(const at::Tensor& tensor, ReduceOp op) {
+  if (!tensor.is_complex()) return tensor;
+  TORCH_CHECK(op == ReduceOp::Sum || op == ReduceOp::Avg, "the ringreduce backend reduces complex tensors with SUM "
+              "and AVG only (through their real view), as torch's backends do; got another op");
+  return at::view_as_real(tensor);
+}
+
+at::Tensor single(const std::vector<at::Tensor>& tensors, const char* op) {
+  TORCH_CHECK(tensors.size() == 1, "the ringreduce backend's ", op, " takes one tensor per rank, got ", tensors.size());
+  return tensors[0];
+}
+
+// `tensors` flattened into one new buffer, and the copies that put the buffer's pieces back.
+at::Tensor fused(const std::vector<at::Tensor>& tensors, std::vector<Copy>* back) {
+  std::vector<at::Tensor> flat;
+  for (const at::Tensor& t : tensors) flat.push_back(t.reshape({-1}));
+  at::Tensor buffer = at::cat(flat);
+  std::int64_t at = 0;
+  for (const at::Tensor& t : tensors) {
+    back->push_back({buffer.narrow(0, at, t.numel()).view(t.sizes()), t});
+    at += t.numel();
+  }
+  return buffer;
+}
+
+void require_even(const std::vector<at::Tensor>& pieces, const at::Tensor& one, const char* op) {
+  for (const at::Tensor& piece : pieces) {
+    TORCH_CHECK(piece.numel() == one.numel() && piece.scalar_type() == one.scalar_type(), "the ringreduce backend's ",
+                op, " needs every rank's piece the size and dtype of this rank's tensor (", one.numel(), " x ",
+                one.scalar_type(), "); for uneven pieces use a gloo group");
+  }
+}
+
+}  // namespace
+
+RingReduceBackend::RingReduceBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
+                                     std::chrono::milliseconds timeout, std::shared_ptr<Communicator> cpu,
+                                     c10::intrusive_ptr<c10d::Backend> fallback, Algorithm algorithm)
+    : c10d::Backend(rank, size),
+      store_(std::move(store)),
+      timeout_(timeout),
+      cpu_(std::move(cpu)),
+      fallback_(std::move(fallback)),
+      algorithm_(algorithm) {}
+
+uint64_t RingReduceBackend::getSequenceNumberForGroup() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return sequence_;
+}
+
+Communicator& RingReduceBackend::communicator(const at::Tensor& tensor) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++sequence_;
+  if (!tensor.is_cuda()) return *cpu_;
+#if defined(RINGREDUCE_WITH_CUDA)
+  const int device = tensor.device().index();
+  std::shared_ptr<Communicator>& gpu = gpus_[device];
+  if (!gpu) {
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(detail::concat("nccl/", device, "/"), store_);
+    gpu = make_nccl_communicator(*prefixed, getRank(), getSize(), device, timeout_);
+  }
+  return *gpu;
+#else
+  TORCH_CHECK(false, "this ringreduce build has no CUDA part; build it with CUDA or use cuda:nccl for CUDA tensors");
+#endif
+}
+
+c10d::Backend& RingReduceBackend::fallback(const std::vector<at::Tensor>& tensors, const char* op) {
+  for (const at::Tensor& t : tensors) {
+    TORCH_CHECK(!t.is_cuda(), "the ringreduce backend runs ", op, " on CPU tensors only (through gloo); for CUDA "
+                "tensors initialise with backend=\"cpu:ringreduce,cuda:nccl\" or use an nccl group");
+  }
+  return *fallback_;
+}
+
+c10::intrusive_ptr<c10d::Work> RingReduceBackend::allreduce(std::vector<at::Tensor>& tensors,
+                                                            const c10d::AllreduceOptions& opts) {
+  const at::Tensor tensor = single(tensors, "allreduce");
+  const ReduceOp op = engine_op(opts.reduceOp);
+  Communicator& comm = communicator(tensor);
+  Call call = all_reduce_call(comm, reducible(tensor, op), op, algorithm_, 0, 0);
+  call.results = {tensor};
+  return submit(comm, std::move(call), true);
+}
+
+c10::intrusive_ptr<c10d::Work> RingReduceBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                      const c10d::AllreduceCoalescedOptions& opts) {
+  TORCH_CHECK(!tensors.empty(), "allreduce_coalesced needs at least one tensor");
+  const ReduceOp op = engine_op(opts.reduceOp);
+  std::vector<at::Tensor> parts;
+  for (const at::Tensor& t : tensors) {
+    TORCH_CHECK(t.scalar_type() == tensors[0].scalar_type() && t.device() == tensors[0].device(),
+                "allreduce_coalesced needs tensors of one dtype and device, got ", tensors[0].scalar_type(), " on ",
+                tensors[0].device(), " and ", t.scalar_type(), " on ", t.device());
+    parts.push_back(reducible(t, op));
+  }
+  // Horovod's tensor fusion: one flat buffer, one collective.
+  std::vector<Copy> back;
+  const at::Tensor buffer = fused(parts, &back);
+  Communicator& comm = communicator(buffer);
+  Call call = all_reduce_call(comm, buffer, op, algorithm_, 0, 0);
+  call.after = std::move(back);
+  call.results = tensors;
+  return submit(comm, std::move(call), true);
+}
+
+c10::intrusive_ptr<c10d::Work> RingReduceBackend::broadcast(std::vector<at::Tensor>& tensors,
+                                                            const c10d::BroadcastOptions& opts) {
+  const at::Tensor tensor = single(tensors, "broadcast");
+  Communicator& comm = communicator(tensor);
+  return submit(comm, broadcast_call(comm, tensor, static_cast<int>(opts.rootRank), 0), true);
+}
+
+c10::intrusive_ptr<c10d::Work> RingReduceBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                                  const c10d::AllgatherOptions& /*opts*/) {
+  Communicator& comm = communicator(input);
+  return submit(comm, all_gather_call(comm, output, input, 0), true);
+}
+
+c10::intrusive_ptr<c10d::Work> RingReduceBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                            std::vector<at::Tensor>& inputs,
+                                                            const c10d::AllgatherOptions& /*opts*/) {
+  const at::Tensor input = single(inputs, "allgather");
+  TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == getSize(),
+              "allgather needs one list of ", getSize(), " output tensors");
+  require_even(outputs[0], input, "allgather");
+  Communicator& comm = communicator(input);
+  const at::Tensor buffer = at::empty({input.numel() * getSize()}, input.options());
+  Call call = all_gather_call(comm, buffer, input, 0);
+  call.after.clear();
+  for (int r = 0; r < getSize(); ++r) {
+    call.after.push_back({buffer.narrow(0, r * input.numel(), input.numel()).view(outputs[0][r].sizes()), outputs[0][r]});
+  }
+  call.results = outputs[0];
+  return submit(comm, std::move(call), true);
+}
+
+c10::intrusive_ptr<c10d::Work> RingReduceBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                       const c10d::ReduceScatterOptions& opts) {
+  const ReduceOp op = engine_op(opts.reduceOp);
+  Communicator& comm = communicator(input);
+  Call call = reduce_scatter_call(comm, reducible(output, op), reducible(input, op), op, 0);
+  call.results = {output};
+  return submit(comm, std::move(call), true);
+}
+
+c10::intrusive_ptr<c10d::Work> RingReduceBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<std::vector<at::Tensor>>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) {
+  const at::Tensor output = single(outputs, "reduce_scatter");
+  TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(),
+              "reduce_scatter needs one list of ", getSize(), " input tensors");
+  require_even(inputs[0], output, "reduce_scatter");
+  const ReduceOp op = engine_op(opts.reduceOp);
+  std::vector<at::Tensor> pieces;
+  for (const at::Tensor& t : inputs[0]) pieces.push_back(reducible(t, op));
+  std::vector<Copy> unused;
+  const at::Tensor input = fused(pieces, &unused);
+  Communicator& comm = communicator(input);
+  Call call = reduce_scatter_call(comm, reducible(output, op), input, op, 0);
+  call.results = {output};
+  return submit(comm, std::move(call), true);
+}
+
+c10::intrusive_ptr<c10d::Work> RingReduceBackend::barrier(const c10d::BarrierOptions& /*opts*/) {
+  // Every rank meets in a one-element all-reduce on the CPU communicator.
+  const at::Tensor token = at::zeros({1}, at::kInt);
+  return submit(*cpu_, all_reduce_call(*cpu_, token, ReduceOp::Sum, Algorithm::Ring, 0, 0), true);
+}
+
+c10::intrusive_ptr<c10d::Work> RingReduceBackend::reduce(std::vector<at::Tensor>& tensors,
+                                                         const c10d::ReduceOptions& opts) {
+  return fallback(tensors, "reduce").reduce(tensors, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> RingReduceBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                         std::vector<at::Tensor>& inputs,
+                                                         const c10d::GatherOptions& opts) {
+  return fallback(inputs, "gather").gather(outputs, inputs, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> RingReduceBackend::scatter(std::vector<at::Tensor>& outputs,
+                                                          std::vector<std::vector<at::Tensor>>& inputs,
+                                                          const c10d::ScatterOptions& opts) {
+  return fallback(outputs, "scatter").scatter(outputs, inputs, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> RingReduceBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                                std::vector<int64_t>& output_splits,
+                                                                std::vector<int64_t>& input_splits,
+                                                                const c10d::AllToAllOptions& opts) {
+  return fallback({input}, "alltoall").alltoall_base(output, input, output_splits, input_splits, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> RingReduceBackend::alltoall(std::vector<at::Tensor>& outputs,
+                                                           std::vector<at::Tensor>& inputs,
+                                                           const c10d::AllToAllOptions& opts) {
+  return fallback(inputs, "alltoall").alltoall(outputs, inputs, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> RingReduceBackend::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
+  return fallback(tensors, "send").send(tensors, dst, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> RingReduceBackend::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
+  return fallback(tensors, "recv").recv(tensors, src, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> RingReduceBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  return fallback(tensors, "recv").recvAnysource(tensors, tag);
+}
+
+}  // namespace ringreduce

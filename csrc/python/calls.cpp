@@ -1,0 +1,258 @@
+#include "python/calls.h"
+
+#if defined(RINGREDUCE_WITH_CUDA)
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include <vector>
+
+#include "python/glue.h"
+
+namespace py = pybind11;
+
+namespace ringreduce {
+
+ReduceOp checked_op(int op_code) {
+  if (op_code < 0 || op_code >= kReduceOpCount) throw std::invalid_argument(detail::concat("ringreduce: bad op code ", op_code));
+  return static_cast<ReduceOp>(op_code);
+}
+
+namespace {
+
+// Orders a call on a CUDA tensor against the caller's stream, as torch's NCCL backend does: the
+// collective starts after what the caller queued before it, and the caller's later work waits
+// for its result; both through events, never by blocking the host. For host tensors it does nothing.
+class StreamJoin {
+ public:
+  // `touched`: every tensor the collective reads or writes, the caller's first.
+  StreamJoin(StreamContext* engine, const std::vector<at::Tensor>& touched) : engine_(engine) {
+    for (const at::Tensor& tensor : touched) {
+      if (tensor.is_cuda() != (engine != nullptr)) {
+        throw py::value_error(detail::concat("ringreduce: this communicator serves ", engine ? "cuda" : "cpu",
+                                             " tensors, got a tensor on ", tensor.device(),
+                                             "; pass transport=None to choose one that serves it"));
+      }
+    }
+#if defined(RINGREDUCE_WITH_CUDA)
+    if (engine == nullptr) return;
+    device_ = touched.front().device();
+    const c10::cuda::CUDAGuard on_device(device_);  // the event is made on the tensor's GPU
+    caller_ = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+    start_ = engine->mark(caller_);
+    // The caching allocator must not hand these blocks out again before the engine's stream is done.
+    const auto engine_stream = c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(engine->stream()), device_.index());
+    for (const at::Tensor& tensor : touched) {
+      c10::cuda::CUDACachingAllocator::recordStream(tensor.storage().data_ptr(), engine_stream);
+    }
+#endif
+  }
+
+  // Inside the job, before any engine work: wait for the caller's stream as it was at the call.
+  void begin() const {
+    if (engine_ != nullptr) engine_->wait(start_);
+  }
+
+  // After a blocking call: the caller's stream waits for the engine's.
+  void release() const {
+    if (engine_ != nullptr) on_engine_stream([&] { engine_->release_to(caller_); });
+  }
+
+  // Runs `work` with the tensor's GPU and the engine's stream current (on whichever thread runs
+  // it), so torch work it launches (the write-back of a non-contiguous tensor, the events a CUDA
+  // future records) is ordered after the collective.
+  template <typename F>
+  void on_engine_stream(F&& work) const {
+#if defined(RINGREDUCE_WITH_CUDA)
+    if (engine_ != nullptr) {
+      c10::cuda::CUDAStreamGuard guard(
+          c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(engine_->stream()), device_.index()));
+      work();
+      return;
+    }
+#endif
+    work();
+  }
+
+  std::vector<c10::Device> devices() const {
+    return engine_ != nullptr ? std::vector<c10::Device>{device_} : std::vector<c10::Device>{};
+  }
+
+ private:
+  StreamContext* engine_;
+  c10::Device device_{c10::kCPU};
+  void* caller_ = nullptr;
+  std::shared_ptr<void> start_;
+};
+
+// The handle of an async call. c10d's own future-wrapping Work only waits; this one also raises the
+// collective's error from wait(), as a torch.distributed Work does.
+class CollectiveWork final : public c10d::Work {
+ public:
+  explicit CollectiveWork(c10::intrusive_ptr<c10::ivalue::Future> future) : future_(std::move(future)) {}
+
+  bool isCompleted() override { return future_->completed(); }
+  bool isSuccess() const override { return future_->hasValue(); }
+  std::exception_ptr exception() const override { return future_->exception_ptr(); }
+  std::vector<at::Tensor> result() override { return future_->value().toTensorVector(); }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+  // Blocks until the collective has been queued (CPU: done), makes the current CUDA streams wait
+  // for its result, and rethrows its error.
+  bool wait(std::chrono::milliseconds timeout) override {
+    TORCH_CHECK(timeout == ::kNoTimeout, "ringreduce: Work.wait() takes no timeout; the group's timeout applies");
+    future_->waitAndThrow();
+    return true;
+  }
+
+ private:
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+void run_call(Communicator& communicator, const StreamJoin& join, const Call& call) {
+  at::NoGradGuard no_grad;
+  join.on_engine_stream([&] {
+    join.begin();
+    for (const Copy& copy : call.before) copy.into.copy_(copy.from);
+    communicator.run(call.args);
+    for (const Copy& copy : call.after) copy.into.copy_(copy.from);
+  });
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> submit(Communicator& communicator, Call call, bool async_op) {
+  std::vector<at::Tensor> touched = call.results;
+  for (const std::vector<Copy>* copies : {&call.before, &call.after}) {
+    for (const Copy& copy : *copies) touched.insert(touched.end(), {copy.from, copy.into});
+  }
+  const StreamJoin join(communicator.stream_context(), touched);
+  call.args.segment_bytes = resolve_segment_bytes(call.args.segment_bytes);
+  if (!async_op) {
+    py::gil_scoped_release release;
+    communicator.executor().run([&] { run_call(communicator, join, call); });
+    join.release();
+    return {};
+  }
+  Communicator* comm = &communicator;  // outlives its jobs: its executor drains before it dies
+  auto future =
+      c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), join.devices());
+  const std::vector<at::Tensor> results = call.results;
+  comm->executor().submit([comm, join, call] { run_call(*comm, join, call); },
+                          [future, join, results](std::exception_ptr error) {
+                            if (error) {
+                              future->setError(error);
+                            } else {
+                              // A CUDA future records its events on the current stream: the
+                              // engine's, where the result is.
+                              join.on_engine_stream(
+                                  [&] { future->markCompleted(c10::IValue(results)); });
+                            }
+                          });
+  return c10::make_intrusive<CollectiveWork>(future);
+}
+
+namespace {
+
+// Rank `rank`'s share of a contiguous buffer of world shares, shaped like `like`.
+at::Tensor share(const at::Tensor& buffer, int rank, const at::Tensor& like) {
+  return buffer.reshape({-1}).narrow(0, rank * like.numel(), like.numel()).view(like.sizes());
+}
+
+// A contiguous tensor that stands in for `tensor` (itself when it is contiguous already).
+at::Tensor contiguous_stand_in(const at::Tensor& tensor) { return tensor.is_contiguous() ? tensor : tensor.contiguous(); }
+
+// How a collective that only copies (all-gather, broadcast) moves `tensor`: in its own dtype when
+// the engine has it, else as bytes, which carries any dtype (bool, complex, ...). Sets `numel`.
+DType copy_dtype(const at::Tensor& tensor, std::size_t* numel) {
+  *numel = static_cast<std::size_t>(tensor.numel());
+  switch (tensor.scalar_type()) {
+    case at::kFloat: case at::kDouble: case at::kHalf: case at::kBFloat16:
+    case at::kChar: case at::kByte: case at::kInt: case at::kLong:
+      return to_dtype(tensor, ReduceOp::Sum);
+    default:
+      require_dense(tensor);
+      *numel *= tensor.element_size();
+      return DType::UInt8;
+  }
+}
+
+}  // namespace
+
+Call all_reduce_call(Communicator& communicator, const at::Tensor& tensor, ReduceOp op, Algorithm algorithm,
+                     std::size_t segment_bytes, int root) {
+  const DType dtype = to_dtype(tensor, op);
+  if (algorithm == Algorithm::Central && (root < 0 || root >= communicator.size())) {
+    throw std::invalid_argument(detail::concat("ringreduce: central root ", root, " is not a rank of this group (size ",
+                                               communicator.size(), ")"));
+  }
+  // Non-contiguous tensors are reduced in a contiguous copy that is written back afterwards.
+  Call call;
+  const at::Tensor buffer = contiguous_stand_in(tensor);
+  call.args = {Collective::AllReduce, buffer.data_ptr(), static_cast<std::size_t>(buffer.numel()), dtype, op, algorithm,
+               segment_bytes, root};
+  call.results = {tensor};
+  if (!buffer.is_same(tensor)) call.after = {{buffer, tensor}};
+  return call;
+}
+
+Call reduce_scatter_call(Communicator& communicator, const at::Tensor& output, const at::Tensor& input, ReduceOp op,
+                         std::size_t segment_bytes) {
+  const DType dtype = to_dtype(input, op);
+  const std::int64_t world = communicator.size();
+  if (input.numel() != output.numel() * world || input.scalar_type() != output.scalar_type() ||
+      input.device() != output.device()) {
+    throw py::value_error(detail::concat(
+        "ringreduce.reduce_scatter_tensor: the input must hold world size (", world, ") times the output's elements, "
+        "of the same dtype and device; got input ", input.numel(), " x ", input.scalar_type(), " on ", input.device(),
+        " and output ", output.numel(), " x ", output.scalar_type(), " on ", output.device()));
+  }
+  // The input stays as it was: the ring reduces a copy, and rank r's chunk of it is the output.
+  Call call;
+  const at::Tensor buffer = at::empty(input.sizes(), input.options().memory_format(at::MemoryFormat::Contiguous));
+  call.args = {Collective::ReduceScatter, buffer.data_ptr(), static_cast<std::size_t>(buffer.numel()), dtype, op,
+               Algorithm::Ring, segment_bytes, 0};
+  call.before = {{input, buffer}};
+  call.after = {{share(buffer, communicator.rank(), output), output}};
+  call.results = {output};
+  return call;
+}
+
+Call all_gather_call(Communicator& communicator, const at::Tensor& output, const at::Tensor& input,
+                     std::size_t segment_bytes) {
+  const std::int64_t world = communicator.size();
+  if (output.numel() != input.numel() * world || input.scalar_type() != output.scalar_type() ||
+      input.device() != output.device()) {
+    throw py::value_error(detail::concat(
+        "ringreduce.all_gather_into_tensor: the output must hold world size (", world, ") times the input's elements, "
+        "of the same dtype and device; got output ", output.numel(), " x ", output.scalar_type(), " on ",
+        output.device(), " and input ", input.numel(), " x ", input.scalar_type(), " on ", input.device()));
+  }
+  Call call;
+  const at::Tensor buffer = contiguous_stand_in(output);
+  std::size_t numel = 0;
+  const DType dtype = copy_dtype(buffer, &numel);
+  call.args = {Collective::AllGather, buffer.data_ptr(), numel, dtype, ReduceOp::Sum, Algorithm::Ring, segment_bytes, 0};
+  call.before = {{input, share(buffer, communicator.rank(), input)}};
+  if (!buffer.is_same(output)) call.after = {{buffer, output}};
+  call.results = {output};
+  return call;
+}
+
+Call broadcast_call(Communicator& communicator, const at::Tensor& tensor, int root, std::size_t segment_bytes) {
+  if (root < 0 || root >= communicator.size()) {
+    throw py::value_error(detail::concat("ringreduce.broadcast: root ", root, " is not a rank of this group (size ",
+                                         communicator.size(), ")"));
+  }
+  Call call;
+  const at::Tensor buffer = contiguous_stand_in(tensor);
+  std::size_t numel = 0;
+  const DType dtype = copy_dtype(buffer, &numel);
+  call.args = {Collective::Broadcast, buffer.data_ptr(), numel, dtype, ReduceOp::Sum, Algorithm::Ring, segment_bytes, root};
+  call.results = {tensor};
+  if (!buffer.is_same(tensor)) call.after = {{buffer, tensor}};
+  return call;
+}
+
+}  // namespace ringreduce

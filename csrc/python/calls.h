@@ -1,0 +1,47 @@
+// One collective call from torch tensors: the working buffer, the copies in and out of it, the
+// ordering against the caller's CUDA stream, and the Work that reports it. The drop-in functions
+// and the torch.distributed backend both go through here.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <vector>
+
+#include "engine/communicator.h"
+
+namespace ringreduce {
+
+// A copy a call makes in stream order: `from` into `into`.
+struct Copy {
+  at::Tensor from;
+  at::Tensor into;
+};
+
+// One call as its job runs it: the copies `before` (inputs into the working buffer), the collective
+// on the buffer, then the copies `after` (the buffer into the outputs it stands in for). `results`
+// is what the future holds: the outputs, as torch's backends report them.
+struct Call {
+  CollectiveArgs args;
+  std::vector<Copy> before;
+  std::vector<Copy> after;
+  std::vector<at::Tensor> results;
+};
+
+ReduceOp checked_op(int op_code);
+
+// The calls, checked against torch's rules (ValueError/TypeError naming what is wrong).
+Call all_reduce_call(Communicator& communicator, const at::Tensor& tensor, ReduceOp op, Algorithm algorithm,
+                     std::size_t segment_bytes, int root);
+Call reduce_scatter_call(Communicator& communicator, const at::Tensor& output, const at::Tensor& input, ReduceOp op,
+                         std::size_t segment_bytes);
+Call all_gather_call(Communicator& communicator, const at::Tensor& output, const at::Tensor& input,
+                     std::size_t segment_bytes);
+Call broadcast_call(Communicator& communicator, const at::Tensor& tensor, int root, std::size_t segment_bytes);
+
+// Runs the call now and returns null (blocking: the caller's CUDA stream then waits for it), or
+// queues it on the communicator's worker and returns a Work whose future holds call.results.
+c10::intrusive_ptr<c10d::Work> submit(Communicator& communicator, Call call, bool async_op);
+
+}  // namespace ringreduce

@@ -1,0 +1,56 @@
+"""ringreduce as a torch.distributed backend, registered on ``import ringreduce``::
+
+    dist.init_process_group("ringreduce")                  # CPU tensors, and CUDA tensors on NCCL p2p
+    dist.init_process_group("cpu:ringreduce,cuda:nccl")    # ringreduce for CPU, torch's NCCL for CUDA
+
+All-reduce (also coalesced), reduce-scatter and all-gather (tensor and list forms), broadcast and
+barrier run on ringreduce's engine; reduce, gather, scatter, all-to-all and send/recv on CPU
+tensors go to a gloo backend on the same store. Every group made with ``new_group`` gets its own.
+``RINGREDUCE_ALGORITHM`` (ring or central) picks the all-reduce algorithm; ring by default.
+"""
+
+import datetime
+import os
+
+import torch.distributed as dist
+
+from ringreduce import _C, _debug
+from ringreduce._checks import algorithm_code
+from ringreduce._groups import host_identity
+
+NAME = "ringreduce"
+# The all-reduce algorithm of every ringreduce backend of the process (ring by default).
+ALGORITHM_ENV = "RINGREDUCE_ALGORITHM"
+
+
+def _single_host(store, rank, size) -> bool:
+    hosts = dist.PrefixStore("hosts/", store)
+    hosts.set(str(rank), host_identity())
+    return len({hosts.get(str(r)).decode() for r in range(size)}) == 1
+
+
+def _create(store, rank, size, timeout):
+    """The creator torch calls once per group, on every member, with group-local rank and size."""
+    timeout_s = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+    algorithm = os.environ.get(ALGORITHM_ENV, "ring")
+    code = algorithm_code(algorithm)
+    fallback = dist.ProcessGroupGloo(dist.PrefixStore("fallback/", store), rank, size,
+                                     datetime.timedelta(seconds=timeout_s))
+    if _single_host(store, rank, size):
+        cpu = _C.shm_communicator(dist.PrefixStore("shm/", store), rank, size, timeout_s)
+        why = "every rank on this host: shared memory"
+    else:
+        engine_gloo = dist.ProcessGroupGloo(dist.PrefixStore("pg/", store), rank, size,
+                                            datetime.timedelta(seconds=timeout_s))
+        cpu = _C.pg_communicator(engine_gloo, dist.PrefixStore("pg-notices/", store), timeout_s)
+        why = "ranks on several hosts: a private gloo group"
+    _debug.info_once(("backend", id(cpu)),
+                     f"backend rank {rank}/{size}: CPU transport {cpu.transport} ({why}), all-reduce {algorithm}; "
+                     "reduce, gather, scatter, all-to-all and send/recv go to gloo")
+    return _C.Backend(store, rank, size, timeout_s, cpu, fallback, code)
+
+
+def register() -> None:
+    """Registers the backend under "ringreduce" (idempotent)."""
+    if not hasattr(dist.Backend, NAME.upper()):
+        dist.Backend.register_backend(NAME, _create, extended_api=False, devices=["cpu", "cuda"])

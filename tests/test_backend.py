@@ -1,0 +1,113 @@
+"""ringreduce as a torch.distributed backend: init_process_group("ringreduce") runs torch's own
+collective calls on the engine, delegates the rest to gloo, and trains DDP like gloo does."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import ringreduce
+from multiproc import run_ranks
+from reference import ALL_DTYPES, R, exact_inputs, ops_for, reference
+
+
+def _collectives(rank, world):
+    assert dist.get_backend() == "ringreduce"
+    checks = 0
+    for dtype in ALL_DTYPES:
+        for op in ops_for(dtype):
+            inputs = exact_inputs(world, 1001, dtype, op)
+            mine = inputs[rank].clone()
+            dist.all_reduce(mine, op)
+            assert torch.equal(mine, reference(inputs, op)), f"all_reduce {dtype} {op}"
+            checks += 1
+    # Async, with the future's value as torch's backends give it.
+    t = torch.full((100,), float(rank))
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    assert work.is_completed() and work.get_future().value()[0] is t
+    assert torch.equal(t, torch.full((100,), float(sum(range(world)))))
+    # Complex through the real view.
+    c = torch.full((7,), complex(rank, 1))
+    dist.all_reduce(c)
+    assert torch.equal(c, torch.full((7,), complex(sum(range(world)), world)))
+    # Reduce-scatter and all-gather, tensor and list forms.
+    chunk = 33
+    big = exact_inputs(world, chunk * world, torch.float32, R.SUM)
+    out = torch.empty(chunk)
+    dist.reduce_scatter_tensor(out, big[rank].clone())
+    total = reference(big, R.SUM)
+    assert torch.equal(out, total[rank * chunk:(rank + 1) * chunk]), "reduce_scatter_tensor"
+    out_list = torch.empty(chunk)
+    dist.reduce_scatter(out_list, list(big[rank].clone().chunk(world)))
+    assert torch.equal(out_list, out), "reduce_scatter (list)"
+    gathered = torch.empty(chunk * world)
+    dist.all_gather_into_tensor(gathered, out)
+    assert torch.equal(gathered, total), "all_gather_into_tensor"
+    pieces = [torch.empty(chunk) for _ in range(world)]
+    dist.all_gather(pieces, out)
+    assert torch.equal(torch.cat(pieces), total), "all_gather (list)"
+    objects = [None] * world
+    dist.all_gather_object(objects, {"rank": rank})
+    assert objects == [{"rank": r} for r in range(world)]
+    # Broadcast, object broadcast and barrier.
+    weights = torch.randn(50, 7) if rank == world - 1 else torch.zeros(50, 7)
+    dist.broadcast(weights, src=world - 1)
+    sums = torch.tensor([weights.sum().item()])
+    dist.all_reduce(sums, R.MAX)
+    assert sums.item() == weights.sum().item()
+    box = [f"from {rank}"]
+    dist.broadcast_object_list(box, src=0)
+    assert box == ["from 0"]
+    dist.barrier()
+    # Delegated to gloo: send/recv, reduce, gather.
+    if rank == 0:
+        dist.send(torch.arange(5.0), dst=1)
+    elif rank == 1:
+        got = torch.zeros(5)
+        dist.recv(got, src=0)
+        assert torch.equal(got, torch.arange(5.0))
+    r = torch.tensor([float(rank + 1)])
+    dist.reduce(r, dst=0)
+    if rank == 0:
+        assert r.item() == sum(range(1, world + 1))
+    # A subgroup gets a backend of its own.
+    sub = dist.new_group([0, 1])
+    if rank < 2:
+        s = torch.ones(3)
+        dist.all_reduce(s, group=sub)
+        assert torch.equal(s, torch.full((3,), 2.0))
+    return checks
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_torch_collectives_on_the_ringreduce_backend(world):
+    checks = run_ranks(world, _collectives, backend="ringreduce")
+    assert checks[0] > 0 and len(set(checks)) == 1
+
+
+def _train(rank, world, steps=20):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(100 + rank)
+    for _ in range(steps):
+        x, y = torch.randn(8, 16, generator=gen), torch.randn(8, 4, generator=gen)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        opt.step()
+    return [p.detach().numpy().copy() for p in model.parameters()]  # by value through the result queue
+
+
+def test_ddp_with_no_hook_matches_gloo():
+    ours = run_ranks(2, _train, backend="ringreduce")
+    theirs = run_ranks(2, _train, backend="gloo")
+    for a, b in zip(ours[0], theirs[0]):
+        torch.testing.assert_close(torch.from_numpy(a), torch.from_numpy(b), rtol=1e-5, atol=1e-6)
+    for a, b in zip(ours[0], ours[1]):
+        assert (a == b).all(), "every rank holds the same parameters"
+
+
+def test_the_backend_is_registered_on_import():
+    assert dist.Backend.RINGREDUCE == "ringreduce"
+    assert ringreduce.backend.NAME == "ringreduce"
