@@ -77,7 +77,7 @@ class LocalWorld:
         for work in works:
             try:
                 work.wait()
-            except RuntimeError as error:  # every rank is waited for before reporting
+            except Exception as error:  # noqa: BLE001 - every rank is waited for before reporting
                 errors.append(error)
         if errors:
             raise errors[0]

@@ -26,8 +26,14 @@ def world_of(size):
 def on_every_rank(world, call):
     """call(rank, group) -> work for each rank at once (async), then wait for all of them."""
     works = [call(rank, world.group(rank)) for rank in range(world.size)]
-    for work in works:
-        work.wait()
+    errors = []
+    for work in works:  # every rank is waited for before a failure is reported
+        try:
+            work.wait()
+        except Exception as error:  # noqa: BLE001
+            errors.append(error)
+    if errors:
+        raise errors[0]
 
 
 # ---- the schedule ---------------------------------------------------------------------------
@@ -201,3 +207,14 @@ def _processes(rank, world, transport):
 @pytest.mark.parametrize("transport", ["shm", "pg"])
 def test_collectives_across_processes(transport):
     assert run_ranks(3, _processes, transport) == [True] * 3
+
+
+def test_work_wait_with_a_timeout_raises_while_the_collective_is_still_running():
+    local = ringreduce.LocalWorld(2, timeout=datetime.timedelta(seconds=30))
+    mine, theirs = torch.ones(8), torch.ones(8)
+    work = ringreduce.all_reduce(mine, group=local.group(0), async_op=True)  # rank 1 has not called yet
+    with pytest.raises(ringreduce.CommTimeoutError, match="still running"):
+        work.wait(timeout=datetime.timedelta(milliseconds=50))
+    ringreduce.all_reduce(theirs, group=local.group(1))
+    assert work.wait(timeout=datetime.timedelta(seconds=30))
+    assert torch.equal(mine, torch.full((8,), 2.0))

@@ -52,6 +52,9 @@ class Communicator {
   int size() const { return transport_->size(); }
   const char* transport_name() const { return transport_->name(); }
   OrderedExecutor& executor() { return executor_; }
+  // What the caller keeps with the communicator between calls, released with it (the torch glue
+  // keeps a reduce-scatter's working buffer here).
+  std::shared_ptr<void>& caller_state() { return caller_state_; }
   StreamContext* stream_context() const { return stream_.get(); }
 
   // Runs one collective on the calling thread; call it from a job of executor(). After a failure
@@ -70,6 +73,7 @@ class Communicator {
   std::unique_ptr<Reducer> reducers_[kDTypeCount][kReduceOpCount];
   std::uint64_t sequence_ = 0;  // collectives issued so far (travels in the headers)
   AbortNotice broken_;          // why the communicator stopped; empty message while healthy
+  std::shared_ptr<void> caller_state_;
   // Destroyed first, so no job outlives the transport.
   OrderedExecutor executor_;
 };

@@ -193,6 +193,27 @@ c10::intrusive_ptr<c10d::Work> RingReduceBackend::barrier(const c10d::BarrierOpt
   return submit(*cpu_, all_reduce_call(*cpu_, token, ReduceOp::Sum, Algorithm::Ring, 0, 0), true);
 }
 
+c10::intrusive_ptr<c10d::Work> RingReduceBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                                      std::vector<at::Tensor>& inputs,
+                                                                      const c10d::AllgatherOptions& opts) {
+  return fallback(inputs, "allgather_coalesced").allgather_coalesced(outputs, inputs, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> RingReduceBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                                  std::vector<at::Tensor>& inputs,
+                                                                                  const c10d::AllgatherOptions& opts) {
+  return fallback(inputs, "allgather_into_tensor_coalesced").allgather_into_tensor_coalesced(outputs, inputs, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> RingReduceBackend::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+  return fallback(inputs, "reduce_scatter_tensor_coalesced").reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+}
+
+void RingReduceBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
+  fallback_->monitoredBarrier(opts, wait_all_ranks);
+}
+
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::reduce(std::vector<at::Tensor>& tensors,
                                                          const c10d::ReduceOptions& opts) {
   return fallback(tensors, "reduce").reduce(tensors, opts);

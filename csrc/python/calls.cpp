@@ -6,6 +6,10 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "python/glue.h"
@@ -20,6 +24,10 @@ ReduceOp checked_op(int op_code) {
 }
 
 namespace {
+
+// How often Work.wait(timeout) looks at the collective: short beside any timeout a caller would
+// give, long beside a check of a flag.
+constexpr std::chrono::microseconds kWaitPoll{100};
 
 // Orders a call on a CUDA tensor against the caller's stream, as torch's NCCL backend does: the
 // collective starts after what the caller queued before it, and the caller's later work waits
@@ -99,9 +107,19 @@ class CollectiveWork final : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
 
   // Blocks until the collective has been queued (CPU: done), makes the current CUDA streams wait
-  // for its result, and rethrows its error.
+  // for its result, and rethrows its error. A finite `timeout` raises CommTimeoutError when the
+  // collective has not finished by then (the collective itself goes on, bounded by the group's).
   bool wait(std::chrono::milliseconds timeout) override {
-    TORCH_CHECK(timeout == ::kNoTimeout, "ringreduce: Work.wait() takes no timeout; the group's timeout applies");
+    if (timeout != ::kNoTimeout) {
+      const auto deadline = std::chrono::steady_clock::now() + timeout;
+      while (!future_->completed()) {
+        if (std::chrono::steady_clock::now() > deadline) {
+          throw TimeoutError(detail::concat("ringreduce: Work.wait() timed out after ", timeout.count(),
+                                            " ms; the collective is still running"));
+        }
+        std::this_thread::sleep_for(kWaitPoll);
+      }
+    }
     future_->waitAndThrow();
     return true;
   }
@@ -160,6 +178,22 @@ at::Tensor share(const at::Tensor& buffer, int rank, const at::Tensor& like) {
   return buffer.reshape({-1}).narrow(0, rank * like.numel(), like.numel()).view(like.sizes());
 }
 
+// A working buffer like `like` that the communicator's calls share (they run one at a time, in
+// order): a 64 MiB buffer allocated afresh per call cost more in page faults than the collective.
+at::Tensor scratch_like(Communicator& communicator, const at::Tensor& like) {
+  static std::mutex mutex;  // calls may be made on one group from several threads
+  const std::lock_guard<std::mutex> lock(mutex);
+  std::shared_ptr<void>& slot = communicator.caller_state();
+  const std::int64_t bytes = like.numel() * static_cast<std::int64_t>(like.element_size());
+  auto* held = static_cast<at::Tensor*>(slot.get());
+  if (held == nullptr || held->device() != like.device() || held->numel() < bytes) {
+    slot = std::shared_ptr<void>(new at::Tensor(at::empty({std::max<std::int64_t>(bytes, 1)}, like.options().dtype(at::kByte))),
+                                 [](void* tensor) { delete static_cast<at::Tensor*>(tensor); });
+    held = static_cast<at::Tensor*>(slot.get());
+  }
+  return held->narrow(0, 0, bytes).view(like.scalar_type()).view(like.sizes());
+}
+
 // A contiguous tensor that stands in for `tensor` (itself when it is contiguous already).
 at::Tensor contiguous_stand_in(const at::Tensor& tensor) { return tensor.is_contiguous() ? tensor : tensor.contiguous(); }
 
@@ -210,7 +244,7 @@ Call reduce_scatter_call(Communicator& communicator, const at::Tensor& output, c
   }
   // The input stays as it was: the ring reduces a copy, and rank r's chunk of it is the output.
   Call call;
-  const at::Tensor buffer = at::empty(input.sizes(), input.options().memory_format(at::MemoryFormat::Contiguous));
+  const at::Tensor buffer = scratch_like(communicator, input);
   call.args = {Collective::ReduceScatter, buffer.data_ptr(), static_cast<std::size_t>(buffer.numel()), dtype, op,
                Algorithm::Ring, segment_bytes, 0};
   call.before = {{input, buffer}};

@@ -31,3 +31,27 @@ def expected_result(world, numel, dtype, op):
     else:
         out = torch.stack(wide).max(0).values
     return out.to(dtype)
+
+
+def collective_buffers(collective, rank, world, numel, dtype, op, device="cpu"):
+    """(input, output) of one rank for a collective over a buffer of `numel` elements (a multiple of
+    the world size), filled with bench_inputs; output is None where the collective works in place."""
+    share = numel // world
+    if collective == "reduce_scatter":
+        return bench_inputs(rank, world, numel, dtype, op).to(device), torch.empty(share, dtype=dtype, device=device)
+    if collective == "all_gather":
+        own = bench_inputs(rank, world, share, dtype, op).to(device)
+        return own, torch.empty(numel, dtype=dtype, device=device)
+    return bench_inputs(rank, world, numel, dtype, op).to(device), None
+
+
+def collective_expected(collective, rank, world, numel, dtype, op):
+    """What rank `rank` must hold after the collective (the output, or the input when in place)."""
+    share = numel // world
+    if collective == "reduce_scatter":
+        return expected_result(world, numel, dtype, op)[rank * share:(rank + 1) * share]
+    if collective == "all_gather":
+        return torch.cat([bench_inputs(r, world, share, dtype, op) for r in range(world)])
+    if collective == "broadcast":
+        return bench_inputs(0, world, numel, dtype, op)
+    return expected_result(world, numel, dtype, op)

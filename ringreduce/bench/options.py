@@ -18,9 +18,12 @@ DTYPES = {
     "int64": torch.int64,
 }
 DEFAULT_SIZES = "4K,64K,1M,16M,64M"
+# What --collective can time; sizes are the whole buffer (a reduce-scatter's input, an all-gather's
+# output), as in nccl-tests.
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 # Trials per row; the table reports the median trial.
 DEFAULT_TRIALS = 5
-DESCRIPTION = "nccl-tests-style all-reduce benchmark: ringreduce's ring and central reducer beside torch.distributed."
+DESCRIPTION = "nccl-tests-style benchmark: ringreduce's collectives beside torch.distributed's."
 
 
 def parse_size(text: str) -> int:
@@ -52,6 +55,8 @@ def parse_args(argv=None):
     parser.add_argument("-b", "--minbytes", help="smallest size (with -e and -f, like nccl-tests)")
     parser.add_argument("-e", "--maxbytes", help="largest size")
     parser.add_argument("-f", "--stepfactor", type=int, default=4, help="size multiplier between rows")
+    parser.add_argument("--collective", choices=COLLECTIVES, default="all_reduce",
+                        help="the collective to time (all but all_reduce: the ring only, CPU transports only)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     parser.add_argument("--op", choices=sorted(OPS), default="sum")
     parser.add_argument("--iters", type=int, default=0, help="timed calls per row (0: about 0.5 s per row)")

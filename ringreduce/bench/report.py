@@ -11,14 +11,24 @@ def human_bytes(n: int) -> str:
     return str(n)
 
 
-def bus_factor(world: int) -> float:
-    """busbw / algbw for all-reduce: the share of the buffer each rank's links must carry."""
-    return 2 * (world - 1) / world if world > 1 else 0.0
+# busbw / algbw per collective (nccl-tests): the share of the buffer each rank's links must carry.
+BUS_FACTORS = {
+    "all_reduce": ("2(n-1)/n", lambda n: 2 * (n - 1) / n),
+    "reduce_scatter": ("(n-1)/n", lambda n: (n - 1) / n),
+    "all_gather": ("(n-1)/n", lambda n: (n - 1) / n),
+    "broadcast": ("1", lambda n: 1.0),
+}
 
 
-def record(impl, algorithm, transport, world, dtype, op, nbytes, count, seconds, wrong) -> dict:
+def bus_factor(world: int, collective: str = "all_reduce") -> float:
+    return BUS_FACTORS[collective][1](world) if world > 1 else 0.0
+
+
+def record(impl, algorithm, transport, world, dtype, op, nbytes, count, seconds, wrong,
+           collective="all_reduce") -> dict:
     algbw = nbytes / seconds / 1e9
     return {
+        "collective": collective,
         "impl": impl,
         "algorithm": algorithm,
         "transport": transport,
@@ -29,7 +39,7 @@ def record(impl, algorithm, transport, world, dtype, op, nbytes, count, seconds,
         "count": count,
         "time_us": seconds * 1e6,
         "algbw_GBps": algbw,
-        "busbw_GBps": algbw * bus_factor(world),
+        "busbw_GBps": algbw * bus_factor(world, collective),
         "wrong": wrong,
     }
 
@@ -44,11 +54,12 @@ def print_table(records, memcpy_GBps, out=sys.stdout):
     if not records:
         return
     first = records[0]
+    collective = first.get("collective", "all_reduce")
     names = list(dict.fromkeys(row_name(r) for r in records))
     width = max(len(n) for n in names)
     out.write(
-        f"# all-reduce, {first['world']} ranks, {first['dtype']} {first['op']}; "
-        f"busbw = algbw * 2(n-1)/n; memcpy {memcpy_GBps:.2f} GB/s (one thread, bytes copied per second "
+        f"# {collective}, {first['world']} ranks, {first['dtype']} {first['op']}; "
+        f"busbw = algbw * {BUS_FACTORS[collective][0]}; memcpy {memcpy_GBps:.2f} GB/s (one thread, bytes copied per second "
         f"at the largest size); %memcpy = busbw / memcpy\n#\n"
     )
     out.write(
@@ -104,7 +115,7 @@ def plot(records, path):
     ax.set_yscale("log")  # rows span three orders of magnitude
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("bus bandwidth (GB/s)")
-    ax.set_title(f"all-reduce, {first['world']} ranks, {first['dtype']} {first['op']}")
+    ax.set_title(f"{first.get('collective', 'all_reduce')}, {first['world']} ranks, {first['dtype']} {first['op']}")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize="small")
     fig.tight_layout()

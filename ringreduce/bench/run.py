@@ -24,7 +24,7 @@ import torch.multiprocessing as mp
 
 import ringreduce
 from ringreduce.bench import peers, report
-from ringreduce.bench.inputs import bench_inputs, expected_result
+from ringreduce.bench.inputs import bench_inputs, collective_buffers, collective_expected, expected_result
 from ringreduce.bench.options import DTYPES, OPS, parse_args, size_sweep
 from ringreduce.bench.timing import nothing, timed_trials
 
@@ -72,10 +72,29 @@ def setting_variants(args, transport=None):
     return variants
 
 
-def count_wrong(call, rank, world, numel, dtype, op, device="cpu") -> int:
-    tensor = bench_inputs(rank, world, numel, dtype, op).to(device)
-    call(tensor)
-    total = torch.tensor([int((tensor.cpu() != expected_result(world, numel, dtype, op)).sum())], dtype=torch.int64)
+def collective_call(lib, collective, **kwargs):
+    """fn(input, output, op) running `collective` through `lib` (ringreduce or torch.distributed)."""
+    if collective == "all_reduce":
+        return lambda inp, out, op: lib.all_reduce(inp, op, **kwargs)
+    if collective == "reduce_scatter":
+        return lambda inp, out, op: lib.reduce_scatter_tensor(out, inp, op, **kwargs)
+    if collective == "all_gather":
+        return lambda inp, out, op: lib.all_gather_into_tensor(out, inp, **kwargs)
+    return lambda inp, out, op: lib.broadcast(inp, src=0, **kwargs)
+
+
+def numel_for(collective, size, dtype, world) -> int:
+    """Elements of the whole buffer at `size` bytes: a multiple of the world size but for all-reduce."""
+    numel = max(1, size // torch.empty((), dtype=dtype).element_size())
+    return numel if collective == "all_reduce" else max(world, numel // world * world)
+
+
+def count_wrong(fn, collective, rank, world, numel, dtype, op, device="cpu") -> int:
+    inp, out = collective_buffers(collective, rank, world, numel, dtype, op, device)
+    fn(inp, out, op)
+    result = (out if out is not None else inp).cpu()
+    wrong = int((result != collective_expected(collective, rank, world, numel, dtype, op)).sum())
+    total = torch.tensor([wrong], dtype=torch.int64)
     dist.all_reduce(total)
     return int(total.item())
 
@@ -86,21 +105,26 @@ def gpus_for_processes(args, world) -> bool:
 
 
 def process_rows(args, rank, world):
-    """(impl, algorithm, transport, device, fn(tensor, op), setting) for every row the ranks run together."""
-    algorithms = [a for a in args.algorithms.split(",") if a]
+    """(impl, algorithm, transport, device, fn(input, output, op), setting) for every row the ranks run together."""
+    collective = args.collective
+    algorithms = [a for a in args.algorithms.split(",") if a] if collective == "all_reduce" else ["ring"]
+
+    def ours(transport, algorithm=None):
+        extra = {"algorithm": algorithm} if algorithm else {}
+        return collective_call(ringreduce, collective, transport=transport, **extra)
+
     rows = []
     if args.gpu != "only":
         available = [t for t in ringreduce.build_info()["transports"] if t not in ("local", "nccl")]
         for transport in args.transports.split(",") if args.transports else available:
             for algorithm in algorithms:
                 rows.append(("ringreduce", algorithm, transport, "cpu",
-                             lambda t, op, a=algorithm, tr=transport: ringreduce.all_reduce(t, op, algorithm=a, transport=tr),
+                             ours(transport, algorithm if collective == "all_reduce" else None),
                              contextlib.nullcontext))
             for label, setting in setting_variants(args, transport):
-                rows.append(("ringreduce", label, transport, "cpu",
-                             lambda t, op, tr=transport: ringreduce.all_reduce(t, op, transport=tr), setting))
+                rows.append(("ringreduce", label, transport, "cpu", ours(transport), setting))
         if not args.no_torch:
-            rows.append(("torch.distributed", "-", dist.get_backend(), "cpu", lambda t, op: dist.all_reduce(t, op),
+            rows.append(("torch.distributed", "-", dist.get_backend(), "cpu", collective_call(dist, collective),
                          contextlib.nullcontext))
     if gpus_for_processes(args, world):
         # One GPU per rank: ringreduce over NCCL beside torch.distributed's NCCL backend.
@@ -108,13 +132,11 @@ def process_rows(args, rank, world):
         nccl_group = dist.new_group(backend="nccl")
         for algorithm in algorithms:
             rows.append(("ringreduce", algorithm, "nccl", f"cuda:{rank}",
-                         lambda t, op, a=algorithm: ringreduce.all_reduce(t, op, algorithm=a, transport="nccl"),
-                         contextlib.nullcontext))
+                         ours("nccl", algorithm if collective == "all_reduce" else None), contextlib.nullcontext))
         for label, setting in setting_variants(args):
-            rows.append(("ringreduce", label, "nccl", f"cuda:{rank}",
-                         lambda t, op: ringreduce.all_reduce(t, op, transport="nccl"), setting))
+            rows.append(("ringreduce", label, "nccl", f"cuda:{rank}", ours("nccl"), setting))
         rows.append(("torch.distributed", "-", "nccl", f"cuda:{rank}",
-                     lambda t, op: dist.all_reduce(t, op, group=nccl_group), contextlib.nullcontext))
+                     collective_call(dist, collective, group=nccl_group), contextlib.nullcontext))
     return rows
 
 
@@ -127,16 +149,16 @@ def run_sweep(args, rank, world):
     records = []
     for size in sizes:
         progress.step(f"{report.human_bytes(size)}: {len(rows)} rows x {args.trials} trials")
-        numel = max(1, size // torch.empty((), dtype=dtype).element_size())
-        tensors = [torch.zeros(numel, dtype=dtype, device=row[3]) for row in rows]
-        calls = [lambda fn=row[4], t=t: fn(t, op) for row, t in zip(rows, tensors)]
+        numel = numel_for(args.collective, size, dtype, world)
+        buffers = [collective_buffers(args.collective, rank, world, numel, dtype, op, row[3]) for row in rows]
+        calls = [lambda fn=row[4], b=b: fn(b[0], b[1], op) for row, b in zip(rows, buffers)]
         seconds = timed_trials(calls, args, dist.barrier, _slowest, _agree, sync, [row[5] for row in rows])
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
         for (impl, algorithm, transport, device, fn, setting), row_seconds in zip(rows, seconds):
             with setting():
-                wrong = count_wrong(lambda t, fn=fn: fn(t, op), rank, world, numel, dtype, op, device) if args.check else -1
-            records.append(
-                report.record(impl, algorithm, transport, world, args.dtype, args.op, size, numel, row_seconds, wrong)
-            )
+                wrong = count_wrong(fn, args.collective, rank, world, numel, dtype, op, device) if args.check else -1
+            records.append(report.record(impl, algorithm, transport, world, args.dtype, args.op, nbytes, numel,
+                                         row_seconds, wrong, args.collective))
     progress.done()
     return records
 
@@ -196,7 +218,8 @@ def bench_rank(rank, world, args):
         roof = memcpy_roof(max(size_sweep(args)))
     dist.barrier()
     records = run_sweep(args, rank, world)
-    if rank == 0 and args.gpu != "off" and torch.cuda.is_available() and not gpus_for_processes(args, world):
+    if (rank == 0 and args.collective == "all_reduce" and args.gpu != "off" and torch.cuda.is_available()
+            and not gpus_for_processes(args, world)):
         records += virtual_gpu_rows(args, world)
     dist.barrier()
     ringreduce.destroy()
@@ -241,7 +264,7 @@ def main(argv=None):
     records, roof = result
     if not records:
         raise SystemExit("no rows to time: --gpu only needs a CUDA GPU, and the CPU rows were switched off")
-    if not args.no_mpi and args.gpu != "only" and "RANK" not in os.environ:
+    if not args.no_mpi and args.collective == "all_reduce" and args.gpu != "only" and "RANK" not in os.environ:
         records += peers.mpi_rows(args, size_sweep(args))
     report.print_table(records, roof, sys.stdout)
     if args.json:
