@@ -60,7 +60,7 @@ def _collectives(rank, world):
     assert box == ["from 0"]
     dist.barrier()
     # Delegated to gloo: send/recv, reduce, gather.
-    if rank == 0:
+    if rank == 0 and world > 1:
         dist.send(torch.arange(5.0), dst=1)
     elif rank == 1:
         got = torch.zeros(5)
@@ -70,16 +70,21 @@ def _collectives(rank, world):
     dist.reduce(r, dst=0)
     if rank == 0:
         assert r.item() == sum(range(1, world + 1))
+    gathered_ranks = [torch.zeros(1) for _ in range(world)] if rank == 0 else None
+    dist.gather(torch.tensor([float(rank)]), gathered_ranks, dst=0)
+    if rank == 0:
+        assert [g.item() for g in gathered_ranks] == list(range(world))
     # A subgroup gets a backend of its own.
-    sub = dist.new_group([0, 1])
-    if rank < 2:
+    members = list(range(min(world, 2)))
+    sub = dist.new_group(members)
+    if rank in members:
         s = torch.ones(3)
         dist.all_reduce(s, group=sub)
-        assert torch.equal(s, torch.full((3,), 2.0))
+        assert torch.equal(s, torch.full((3,), float(len(members))))
     return checks
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_torch_collectives_on_the_ringreduce_backend(world):
     checks = run_ranks(world, _collectives, backend="ringreduce")
     assert checks[0] > 0 and len(set(checks)) == 1
