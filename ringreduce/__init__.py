@@ -9,7 +9,8 @@ import torch  # noqa: F401  (loads libtorch before the extension)
 
 from ringreduce import backend, hooks
 from ringreduce._C import CommTimeoutError, MismatchError
-from ringreduce.collectives import all_gather_into_tensor, all_reduce, broadcast, destroy, reduce_scatter_tensor
+from ringreduce.collectives import (all_gather_into_tensor, all_reduce, broadcast, destroy, reduce,
+                                    reduce_scatter_tensor)
 from ringreduce.info import build_info
 from ringreduce.local import LocalGroup, LocalWorld
 
@@ -28,5 +29,6 @@ __all__ = [
     "build_info",
     "destroy",
     "hooks",
+    "reduce",
     "reduce_scatter_tensor",
 ]

@@ -3,8 +3,8 @@
     dist.init_process_group("ringreduce")                  # CPU tensors, and CUDA tensors on NCCL p2p
     dist.init_process_group("cpu:ringreduce,cuda:nccl")    # ringreduce for CPU, torch's NCCL for CUDA
 
-All-reduce (also coalesced), reduce-scatter and all-gather (tensor and list forms), broadcast and
-barrier run on ringreduce's engine; reduce, gather, scatter, all-to-all and send/recv on CPU
+All-reduce (also coalesced), reduce-scatter and all-gather (tensor and list forms), broadcast,
+reduce and barrier run on ringreduce's engine; gather, scatter, all-to-all and send/recv on CPU
 tensors go to a gloo backend on the same store. Every group made with ``new_group`` gets its own.
 ``RINGREDUCE_ALGORITHM`` (ring or central) picks the all-reduce algorithm; ring by default.
 """
@@ -46,7 +46,7 @@ def _create(store, rank, size, timeout):
         why = "ranks on several hosts: a private gloo group"
     _debug.info_once(("backend", id(cpu)),
                      f"backend rank {rank}/{size}: CPU transport {cpu.transport} ({why}), all-reduce {algorithm}; "
-                     "reduce, gather, scatter, all-to-all and send/recv go to gloo")
+                     "gather, scatter, all-to-all and send/recv go to gloo")
     return _C.Backend(store, rank, size, timeout_s, cpu, fallback, code)
 
 

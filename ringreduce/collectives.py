@@ -1,4 +1,4 @@
-"""The drop-in collectives: all_reduce, reduce_scatter_tensor, all_gather_into_tensor and broadcast."""
+"""The drop-in collectives: all_reduce, reduce_scatter_tensor, all_gather_into_tensor, broadcast and reduce."""
 
 import atexit
 import warnings
@@ -117,6 +117,27 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, *, s
         group_src = src if group is None or hasattr(group, "communicator") else dist.get_group_rank(group, src)
     comm = communicator(group, tensor, transport, "ring")
     work = comm.broadcast(tensor, group_src, check_segment_bytes(segment_bytes), async_op)
+    return work if async_op else None
+
+
+def reduce(tensor, dst=None, op=dist.ReduceOp.SUM, group=None, async_op=False, group_dst=None, *,
+           segment_bytes=None, transport=None):
+    """Reduce ``tensor`` across the ranks of ``group`` into the destination rank's ``tensor``, like
+    ``torch.distributed.reduce``: ``dst`` is a global rank, ``group_dst`` a rank of ``group`` (give
+    one). The central reducer's first half: the other ranks' tensors are left as they were. Ops and
+    dtypes as all_reduce."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"ringreduce.reduce expects a torch.Tensor, got {type(tensor).__name__}")
+    if (dst is None) == (group_dst is None):
+        raise ValueError("ringreduce.reduce needs exactly one of dst (a global rank) and group_dst (a group rank)")
+    code = op_code(op)
+    check_tensor(tensor, code)
+    if _outside(group, "reduce"):
+        return None
+    if group_dst is None:
+        group_dst = dst if group is None or hasattr(group, "communicator") else dist.get_group_rank(group, dst)
+    comm = communicator(group, tensor, transport, "central")
+    work = comm.reduce(tensor, code, group_dst, check_segment_bytes(segment_bytes), async_op)
     return work if async_op else None
 
 

@@ -59,7 +59,7 @@ def _collectives(rank, world):
     dist.broadcast_object_list(box, src=0)
     assert box == ["from 0"]
     dist.barrier()
-    # Delegated to gloo: send/recv, reduce, gather.
+    # reduce on the engine; send/recv and gather delegated to gloo.
     if rank == 0 and world > 1:
         dist.send(torch.arange(5.0), dst=1)
     elif rank == 1:

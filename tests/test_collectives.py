@@ -129,6 +129,21 @@ def test_all_gather_and_broadcast_copy_exactly_for_every_dtype(world):
                 assert all(torch.equal(t, inputs[root]) for t in tensors), f"broadcast world={world} root={root} {dtype}"
 
 
+@pytest.mark.parametrize("world", [1, 2, 3, 5, 16])
+def test_reduce_leaves_the_result_at_the_root_and_the_others_untouched(world):
+    local = world_of(world)
+    for dtype in ALL_DTYPES:
+        for op in ops_for(dtype):
+            for root in sorted({0, world - 1}):
+                inputs = exact_inputs(world, 10_007, dtype, op)
+                tensors = [t.clone() for t in inputs]
+                on_every_rank(local, lambda r, g: ringreduce.reduce(
+                    tensors[r], group_dst=root, op=op, group=g, async_op=True, segment_bytes=4100))
+                for rank, t in enumerate(tensors):
+                    want = reference(inputs, op) if rank == root else inputs[rank]
+                    assert torch.equal(t, want), f"world={world} root={root} {dtype} {op} rank {rank}"
+
+
 def test_strided_and_shaped_tensors_and_futures():
     world = 3
     local = world_of(world)

@@ -44,6 +44,11 @@ void chain_broadcast(Transport& transport, void* data, std::size_t bytes, std::s
 void central_all_reduce(Transport& transport, const Reducer& reducer, void* data, std::size_t numel,
                         std::size_t segment_bytes, int root);
 
+// The central reducer's first half: `root` ends with the reduction, the others' buffers are read
+// only. The root's links carry (N-1) times the buffer.
+void central_reduce(Transport& transport, const Reducer& reducer, void* data, std::size_t numel,
+                    std::size_t segment_bytes, int root);
+
 // An all-reduce of nothing still meets the neighbours: one empty message around the ring carries
 // the headers, so a rank that passed an empty tensor while others did not is caught, not left waiting.
 void agree_on_nothing(Transport& transport);

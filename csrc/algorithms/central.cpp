@@ -3,8 +3,11 @@
 
 namespace ringreduce {
 
-void central_all_reduce(Transport& transport, const Reducer& reducer, void* data, std::size_t numel,
-                        std::size_t segment_bytes, int root) {
+namespace {
+
+// The central reducer; with `results_back` false it stops once the root holds the result.
+void central(Transport& transport, const Reducer& reducer, void* data, std::size_t numel, std::size_t segment_bytes,
+             int root, bool results_back) {
   const int world = transport.size();
   const int rank = transport.rank();
   RR_CHECK(root >= 0 && root < world, "central root ", root, " is outside a group of ", world, " ranks");
@@ -22,7 +25,7 @@ void central_all_reduce(Transport& transport, const Reducer& reducer, void* data
     RequestWindow results(transport, ahead);
     for (const Span& span : spans) {
       sends.push(transport.isend(root, address(span), span.count * elem));
-      results.push(transport.irecv(root, address(span), span.count * elem));
+      if (results_back) results.push(transport.irecv(root, address(span), span.count * elem));
     }
     sends.drain();
     results.drain();
@@ -47,6 +50,7 @@ void central_all_reduce(Transport& transport, const Reducer& reducer, void* data
     while (gathered < spans.size() && gathered <= j + ahead) post_gather(gathered++);
     // Reduce segment j: every peer's contribution, in rank order.
     for (Request request : gathers[j]) transport.wait(request);
+    if (!results_back) continue;
     // Send the finished segment back to every peer.
     for (int peer = 0; peer < world; ++peer) {
       if (peer != root) broadcasts.push(transport.isend(peer, address(spans[j]), spans[j].count * elem));
@@ -54,6 +58,18 @@ void central_all_reduce(Transport& transport, const Reducer& reducer, void* data
     if (!post_ahead) broadcasts.drain();
   }
   broadcasts.drain();
+}
+
+}  // namespace
+
+void central_all_reduce(Transport& transport, const Reducer& reducer, void* data, std::size_t numel,
+                        std::size_t segment_bytes, int root) {
+  central(transport, reducer, data, numel, segment_bytes, root, true);
+}
+
+void central_reduce(Transport& transport, const Reducer& reducer, void* data, std::size_t numel,
+                    std::size_t segment_bytes, int root) {
+  central(transport, reducer, data, numel, segment_bytes, root, false);
 }
 
 }  // namespace ringreduce

@@ -35,6 +35,7 @@ const char* collective_name(Collective collective) {
     case Collective::ReduceScatter: return "reduce_scatter";
     case Collective::AllGather: return "all_gather";
     case Collective::Broadcast: return "broadcast";
+    case Collective::Reduce: return "reduce";
   }
   return "unknown";
 }
@@ -54,6 +55,10 @@ std::string describe(const CollectiveHeader& header, const CollectiveHeader& oth
       break;
     case Collective::AllGather: text = detail::concat("all_gather of ", what); break;
     case Collective::Broadcast: text = detail::concat("broadcast of ", what, " from root ", header.root); break;
+    case Collective::Reduce:
+      text = detail::concat("reduce of ", what, ", ", op_name(static_cast<ReduceOp>(header.op)), " to root ",
+                            header.root);
+      break;
   }
   if (header.segment_bytes != other.segment_bytes) {
     text += detail::concat(" in segments of ", header.segment_bytes, " bytes");

@@ -11,7 +11,7 @@ namespace ringreduce {
 enum class Algorithm : int { Ring, Central };
 
 // The collectives the engine runs.
-enum class Collective : int { AllReduce, ReduceScatter, AllGather, Broadcast };
+enum class Collective : int { AllReduce, ReduceScatter, AllGather, Broadcast, Reduce };
 
 // What every rank must agree on for one collective. It travels with the first message to each
 // peer (in a slot header, a message descriptor, or a small message of its own) and is compared on
@@ -27,10 +27,11 @@ struct CollectiveHeader {
   std::uint8_t lanes = 1;      // pipeline lanes of the ring (RINGREDUCE_LANES)
   std::uint8_t collective = 0;  // Collective
 
-  // The root matters to the central reducer and to a broadcast.
+  // The root matters to the central reducer, a broadcast and a reduce.
   RR_HOST_DEVICE bool has_root() const {
     return algorithm == static_cast<std::uint8_t>(Algorithm::Central) ||
-           collective == static_cast<std::uint8_t>(Collective::Broadcast);
+           collective == static_cast<std::uint8_t>(Collective::Broadcast) ||
+           collective == static_cast<std::uint8_t>(Collective::Reduce);
   }
 
   RR_HOST_DEVICE bool operator==(const CollectiveHeader& other) const {

@@ -51,8 +51,8 @@ void Communicator::run(const CollectiveArgs& args) {
                     "one): " + broken_.message;
     again.raise();
   }
-  RR_CHECK(args.collective == Collective::AllReduce || args.collective == Collective::Broadcast ||
-               args.numel % static_cast<std::size_t>(size()) == 0,
+  const bool chunked = args.collective == Collective::ReduceScatter || args.collective == Collective::AllGather;
+  RR_CHECK(!chunked || args.numel % static_cast<std::size_t>(size()) == 0,
            collective_name(args.collective), " of ", args.numel, " elements does not split into ", size(), " chunks");
   const std::size_t segment_bytes =
       args.segment_bytes > 0 ? args.segment_bytes : transport_->default_segment_bytes();
@@ -60,7 +60,7 @@ void Communicator::run(const CollectiveArgs& args) {
   const std::size_t wanted_lanes = positive_from_env(kLanesEnv, "1");
   const std::size_t asked_lanes = wanted_lanes > 0 ? wanted_lanes : transport_->default_lanes();
   // The ring's collectives pipeline in lanes; the central reducer and the broadcast chain in one.
-  const bool ring = args.collective != Collective::Broadcast && args.algorithm == Algorithm::Ring;
+  const bool ring = chunked || (args.collective == Collective::AllReduce && args.algorithm == Algorithm::Ring);
   const std::size_t lanes = ring ? std::min({transport_->max_lanes(), kMaxHeaderLanes, asked_lanes}) : 1;
   CollectiveHeader header;
   header.sequence = sequence_++;
@@ -76,7 +76,8 @@ void Communicator::run(const CollectiveArgs& args) {
   try {
     const char* check = std::getenv(kCheckCallsEnv);
     transport_->begin_collective(header, check == nullptr || std::string(check) != "0");
-    const bool reduces = args.collective == Collective::AllReduce || args.collective == Collective::ReduceScatter;
+    const bool reduces = args.collective == Collective::AllReduce || args.collective == Collective::ReduceScatter ||
+                         args.collective == Collective::Reduce;
     if (reduces && args.numel > 0 && size() > 1) reducer.prepare(args.data, args.numel);
     if (args.numel == 0) {
       agree_on_nothing(*transport_);
@@ -97,6 +98,9 @@ void Communicator::run(const CollectiveArgs& args) {
           break;
         case Collective::Broadcast:
           chain_broadcast(*transport_, args.data, args.numel * reducer.element_size(), segment_bytes, args.root);
+          break;
+        case Collective::Reduce:
+          central_reduce(*transport_, reducer, args.data, args.numel, segment_bytes, args.root);
           break;
       }
     }

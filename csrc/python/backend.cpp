@@ -216,7 +216,12 @@ void RingReduceBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool 
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::reduce(std::vector<at::Tensor>& tensors,
                                                          const c10d::ReduceOptions& opts) {
-  return fallback(tensors, "reduce").reduce(tensors, opts);
+  const at::Tensor tensor = single(tensors, "reduce");
+  const ReduceOp op = engine_op(opts.reduceOp);
+  Communicator& comm = communicator(tensor);
+  Call call = reduce_call(comm, reducible(tensor, op), op, static_cast<int>(opts.rootRank), 0);
+  call.results = {tensor};
+  return submit(comm, std::move(call), true);
 }
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,

@@ -1,6 +1,6 @@
 // ringreduce as a torch.distributed backend: `init_process_group("ringreduce")` routes a program's
-// all-reduces, reduce-scatters, all-gathers, broadcasts and barriers to the engine, and everything
-// else (send/recv, gather, scatter, all-to-all, reduce) to a gloo backend on the same store.
+// all-reduces, reduce-scatters, all-gathers, broadcasts, reduces and barriers to the engine, and
+// everything else (send/recv, gather, scatter, all-to-all) to a gloo backend on the same store.
 #pragma once
 
 #include <torch/extension.h>
@@ -44,6 +44,7 @@ class RingReduceBackend final : public c10d::Backend {
                                                 std::vector<std::vector<at::Tensor>>& inputs,
                                                 const c10d::ReduceScatterOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
 
   // Delegated to the fallback backend.
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
@@ -56,7 +57,6 @@ class RingReduceBackend final : public c10d::Backend {
                                                                  std::vector<at::Tensor>& inputs,
                                                                  const c10d::ReduceScatterOptions& opts) override;
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
-  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
                                         const c10d::GatherOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,

@@ -56,6 +56,12 @@ py::object all_gather(Communicator& communicator, const at::Tensor& output, cons
   return to_python(submit(communicator, all_gather_call(communicator, output, input, segment_bytes), async_op));
 }
 
+py::object reduce(Communicator& communicator, const at::Tensor& tensor, int op_code, int root,
+                  std::size_t segment_bytes, bool async_op) {
+  return to_python(submit(communicator, reduce_call(communicator, tensor, checked_op(op_code), root, segment_bytes),
+                          async_op));
+}
+
 py::object broadcast(Communicator& communicator, const at::Tensor& tensor, int root, std::size_t segment_bytes,
                      bool async_op) {
   return to_python(submit(communicator, broadcast_call(communicator, tensor, root, segment_bytes), async_op));
@@ -135,7 +141,9 @@ PYBIND11_MODULE(_C, m) {
       .def("reduce_scatter", &reduce_scatter, py::arg("output"), py::arg("input"), py::arg("op"),
            py::arg("segment_bytes"), py::arg("async_op"))
       .def("all_gather", &all_gather, py::arg("output"), py::arg("input"), py::arg("segment_bytes"), py::arg("async_op"))
-      .def("broadcast", &broadcast, py::arg("tensor"), py::arg("root"), py::arg("segment_bytes"), py::arg("async_op"));
+      .def("broadcast", &broadcast, py::arg("tensor"), py::arg("root"), py::arg("segment_bytes"), py::arg("async_op"))
+      .def("reduce", &reduce, py::arg("tensor"), py::arg("op"), py::arg("root"), py::arg("segment_bytes"),
+           py::arg("async_op"));
 
   m.def(
       "local_world",

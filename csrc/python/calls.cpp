@@ -289,4 +289,21 @@ Call broadcast_call(Communicator& communicator, const at::Tensor& tensor, int ro
   return call;
 }
 
+Call reduce_call(Communicator& communicator, const at::Tensor& tensor, ReduceOp op, int root, std::size_t segment_bytes) {
+  const DType dtype = to_dtype(tensor, op);
+  if (root < 0 || root >= communicator.size()) {
+    throw py::value_error(detail::concat("ringreduce.reduce: root ", root, " is not a rank of this group (size ",
+                                         communicator.size(), ")"));
+  }
+  // Every rank reduces a copy (a GPU average scales its input first), and only the root's comes back.
+  Call call;
+  const at::Tensor buffer = scratch_like(communicator, tensor);
+  call.args = {Collective::Reduce, buffer.data_ptr(), static_cast<std::size_t>(buffer.numel()), dtype, op,
+               Algorithm::Central, segment_bytes, root};
+  call.before = {{tensor, buffer}};
+  if (communicator.rank() == root) call.after = {{buffer, tensor}};
+  call.results = {tensor};
+  return call;
+}
+
 }  // namespace ringreduce

@@ -39,6 +39,8 @@ Call reduce_scatter_call(Communicator& communicator, const at::Tensor& output, c
 Call all_gather_call(Communicator& communicator, const at::Tensor& output, const at::Tensor& input,
                      std::size_t segment_bytes);
 Call broadcast_call(Communicator& communicator, const at::Tensor& tensor, int root, std::size_t segment_bytes);
+// The root's tensor ends with the reduction; the others' are left as they were.
+Call reduce_call(Communicator& communicator, const at::Tensor& tensor, ReduceOp op, int root, std::size_t segment_bytes);
 
 // Runs the call now and returns null (blocking: the caller's CUDA stream then waits for it), or
 // queues it on the communicator's worker and returns a Work whose future holds call.results.
