@@ -6,6 +6,7 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/event_completion.h"
+#include "cuda/mapped_memory.h"
 
 namespace ringreduce {
 namespace cuda {
@@ -134,9 +135,9 @@ NcclTransport::NcclTransport(std::unique_ptr<Rendezvous> notices, int rank, int 
   check(ncclCommInitRankConfig(&nccl_->comm, world, id, rank, &config), "ncclCommInitRankConfig");
   try {
     slots_ = allocate_(sizeof(HeaderSlots), queue.lane_stream(0));
-    RR_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&report_), sizeof(MismatchReport), cudaHostAllocMapped));
-    std::memset(static_cast<void*>(report_), 0, sizeof(MismatchReport));
-    RR_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&report_on_device_), report_, 0));
+    const Mapped<MismatchReport> report = allocate_mapped<MismatchReport>();
+    report_ = report.host;
+    report_on_device_ = report.device;
     connect_all(static_cast<const HeaderSlots*>(slots_.get()));
   } catch (...) {
     if (report_ != nullptr) cudaFreeHost(report_);

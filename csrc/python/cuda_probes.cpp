@@ -5,7 +5,6 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <chrono>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -16,6 +15,7 @@
 #include "cuda/event_completion.h"
 #include "cuda/header_check.h"
 #include "cuda/host_kernels.h"
+#include "cuda/mapped_memory.h"
 #include "cuda/nccl_transport.h"
 #include "cuda/reduce_kernels.h"
 #include "python/glue.h"
@@ -60,12 +60,10 @@ py::tuple device_header_check(std::uint64_t mine, std::uint64_t theirs, int devi
   const at::Tensor memory = at::empty({static_cast<std::int64_t>(sizeof(cuda::HeaderSlots))},
                                       at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device));
   auto* slots = static_cast<cuda::HeaderSlots*>(memory.data_ptr());
-  cuda::MismatchReport* report = nullptr;
-  cuda::MismatchReport* report_on_device = nullptr;
-  RR_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&report), sizeof *report, cudaHostAllocMapped));
-  std::memset(static_cast<void*>(report), 0, sizeof *report);
-  const std::unique_ptr<cuda::MismatchReport, cudaError_t (*)(void*)> owned(report, &cudaFreeHost);
-  RR_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&report_on_device), report, 0));
+  const auto mapped = cuda::allocate_mapped<cuda::MismatchReport>();
+  const std::unique_ptr<cuda::MismatchReport, cudaError_t (*)(void*)> owned(mapped.host, &cudaFreeHost);
+  cuda::MismatchReport* report = mapped.host;
+  cuda::MismatchReport* report_on_device = mapped.device;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   CollectiveHeader header;
   header.numel = theirs;
@@ -101,12 +99,10 @@ void nccl_self_exchange(c10d::Store& store, const at::Tensor& src, const at::Ten
 // GPU is free again afterwards.
 py::tuple cuda_watchdog_stall(int device, double timeout_s) {
   const c10::cuda::CUDAGuard on_device(static_cast<c10::DeviceIndex>(device));
-  int* flag = nullptr;
-  int* flag_on_device = nullptr;
-  RR_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&flag), sizeof *flag, cudaHostAllocMapped));
-  const std::unique_ptr<int, cudaError_t (*)(void*)> owned(flag, &cudaFreeHost);
-  *static_cast<volatile int*>(flag) = 0;
-  RR_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&flag_on_device), flag, 0));
+  const auto mapped = cuda::allocate_mapped<int>();
+  const std::unique_ptr<int, cudaError_t (*)(void*)> owned(mapped.host, &cudaFreeHost);
+  int* flag = mapped.host;
+  int* flag_on_device = mapped.device;
   cuda::DeviceQueue queue(device, 1);
   struct Stalled final : cuda::EventCompletion {
     Stalled(cuda::DeviceQueue& queue, int* flag)
