@@ -43,12 +43,17 @@ def make_shard(rank, world, samples):
 
 
 def train(rank, world, args):
-    torch.set_num_threads(1)  # one core per rank: more threads only fight over the cores
     torch.manual_seed(0)
     model = DDP(make_model(), bucket_cap_mb=0.25)
     if HOOKS[args.hook] is not None:
         model.register_comm_hook(state=None, hook=HOOKS[args.hook])
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    run_epochs(model, optimizer, rank, world, args, f"backend: {args.backend}, hook: {args.hook}")
+
+
+def run_epochs(model, optimizer, rank, world, args, label):
+    """Trains on this rank's shard; rank 0 prints the mean loss over ranks and the rate per epoch."""
+    torch.set_num_threads(1)  # one core per rank: more threads only fight over the cores
     inputs, labels = make_shard(rank, world, args.samples)
     loss_fn = nn.CrossEntropyLoss()
     for epoch in range(args.epochs):
@@ -63,39 +68,46 @@ def train(rank, world, args):
         dist.all_reduce(mean, op=dist.ReduceOp.AVG)
         rate = len(inputs) * world / (time.perf_counter() - start)
         if rank == 0:
-            print(f"epoch {epoch + 1:2d}  loss {mean.item():.4f}  {rate:8.0f} samples/s  "
-                  f"(backend: {args.backend}, hook: {args.hook})", flush=True)
+            print(f"epoch {epoch + 1:2d}  loss {mean.item():.4f}  {rate:8.0f} samples/s  ({label})", flush=True)
 
 
-def _spawned(rank, world, store_path, args):
-    dist.init_process_group(args.backend, store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+def _spawned(rank, world, store_path, train_fn, args):
+    if store_path is None:  # torchrun's environment names the rendezvous
+        dist.init_process_group(args.backend)
+    else:
+        dist.init_process_group(args.backend, store=dist.FileStore(store_path, world), rank=rank, world_size=world)
     try:
-        train(rank, world, args)
+        train_fn(rank, world, args)
     finally:
         ringreduce.destroy()
         dist.destroy_process_group()
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_common_arguments(parser):
     parser.add_argument("--backend", choices=("gloo", "ringreduce"), default="gloo",
                         help="the torch.distributed backend of the job (ringreduce: every collective on the engine)")
-    parser.add_argument("--hook", choices=sorted(HOOKS), default="ring")
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--samples", type=int, default=16384, help="training samples in all")
     parser.add_argument("--batch", type=int, default=128, help="per-rank batch size")
     parser.add_argument("--lr", type=float, default=0.02)
     parser.add_argument("--world", type=int, default=2, help="ranks to spawn without a launcher")
-    args = parser.parse_args()
+
+
+def launch(train_fn, args):
+    """Under torchrun, joins its job; otherwise spawns args.world local ranks over a file store."""
     if "RANK" in os.environ:
-        dist.init_process_group(args.backend)
-        train(dist.get_rank(), dist.get_world_size(), args)
-        ringreduce.destroy()
-        dist.destroy_process_group()
+        _spawned(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), None, train_fn, args)
         return
     with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(_spawned, args=(args.world, os.path.join(tmp, "store"), args), nprocs=args.world,
-                           start_method="spawn")
+        mp.start_processes(_spawned, args=(args.world, os.path.join(tmp, "store"), train_fn, args),
+                           nprocs=args.world, start_method="spawn")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_common_arguments(parser)
+    parser.add_argument("--hook", choices=sorted(HOOKS), default="ring")
+    launch(train, parser.parse_args())
 
 
 if __name__ == "__main__":

@@ -47,7 +47,11 @@ def _create(store, rank, size, timeout):
     _debug.info_once(("backend", id(cpu)),
                      f"backend rank {rank}/{size}: CPU transport {cpu.transport} ({why}), all-reduce {algorithm}; "
                      "gather, scatter, all-to-all and send/recv go to gloo")
-    return _C.Backend(store, rank, size, timeout_s, cpu, fallback, code)
+
+    def announce(op):
+        _debug.info_once(("delegated", id(cpu), op), f"backend rank {rank}/{size}: {op} goes to gloo")
+
+    return _C.Backend(store, rank, size, timeout_s, cpu, fallback, code, announce if _debug.enabled() else None)
 
 
 def register() -> None:

@@ -1,6 +1,9 @@
 """ringreduce as a torch.distributed backend: init_process_group("ringreduce") runs torch's own
 collective calls on the engine, delegates the rest to gloo, and trains DDP like gloo does."""
 
+import io
+import sys
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -116,3 +119,19 @@ def test_ddp_with_no_hook_matches_gloo():
 def test_the_backend_is_registered_on_import():
     assert dist.Backend.RINGREDUCE == "ringreduce"
     assert ringreduce.backend.NAME == "ringreduce"
+
+
+def _delegations_logged(rank, world):
+    sys.stderr = captured = io.StringIO()  # where RINGREDUCE_DEBUG's lines go in this rank
+    for _ in range(2):
+        pieces = [torch.zeros(1) for _ in range(world)] if rank == 0 else None
+        dist.gather(torch.ones(1), pieces, dst=0)
+    dist.all_reduce(torch.ones(1))
+    return captured.getvalue()
+
+
+def test_debug_info_names_each_delegated_op_once():
+    logs = run_ranks(2, _delegations_logged, backend="ringreduce", env={"RINGREDUCE_DEBUG": "INFO"})
+    for rank, log in enumerate(logs):
+        assert log.count(f"backend rank {rank}/2: gather goes to gloo") == 1, log
+        assert "all_reduce" not in log and "allreduce" not in log, log

@@ -60,13 +60,15 @@ void require_even(const std::vector<at::Tensor>& pieces, const at::Tensor& one, 
 
 RingReduceBackend::RingReduceBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
                                      std::chrono::milliseconds timeout, std::shared_ptr<Communicator> cpu,
-                                     c10::intrusive_ptr<c10d::Backend> fallback, Algorithm algorithm)
+                                     c10::intrusive_ptr<c10d::Backend> fallback, Algorithm algorithm,
+                                     std::function<void(const std::string&)> announce)
     : c10d::Backend(rank, size),
       store_(std::move(store)),
       timeout_(timeout),
       cpu_(std::move(cpu)),
       fallback_(std::move(fallback)),
-      algorithm_(algorithm) {}
+      algorithm_(algorithm),
+      announce_(std::move(announce)) {}
 
 uint64_t RingReduceBackend::getSequenceNumberForGroup() {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -94,6 +96,14 @@ c10d::Backend& RingReduceBackend::fallback(const std::vector<at::Tensor>& tensor
   for (const at::Tensor& t : tensors) {
     TORCH_CHECK(!t.is_cuda(), "the ringreduce backend runs ", op, " on CPU tensors only (through gloo); for CUDA "
                 "tensors initialise with backend=\"cpu:ringreduce,cuda:nccl\" or use an nccl group");
+  }
+  if (announce_) {
+    bool first;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      first = announced_.insert(op).second;
+    }
+    if (first) announce_(op);  // outside the lock: it takes the GIL
   }
   return *fallback_;
 }

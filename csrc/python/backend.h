@@ -9,9 +9,12 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
+#include <string>
 
 #include "engine/communicator.h"
 
@@ -20,10 +23,11 @@ namespace ringreduce {
 class RingReduceBackend final : public c10d::Backend {
  public:
   // `cpu` serves CPU tensors (shm or pg, chosen by the Python creator); nccl communicators for CUDA
-  // tensors are made on first use through `store`. `fallback` (gloo) serves the rest.
+  // tensors are made on first use through `store`. `fallback` (gloo) serves the rest, and
+  // `announce` (when set) is told the name of each op the first time it is delegated.
   RingReduceBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::chrono::milliseconds timeout,
                     std::shared_ptr<Communicator> cpu, c10::intrusive_ptr<c10d::Backend> fallback,
-                    Algorithm algorithm);
+                    Algorithm algorithm, std::function<void(const std::string&)> announce);
 
   const std::string getBackendName() const override { return "ringreduce"; }
   uint64_t getSequenceNumberForGroup() override;
@@ -82,7 +86,9 @@ class RingReduceBackend final : public c10d::Backend {
   std::shared_ptr<Communicator> cpu_;
   c10::intrusive_ptr<c10d::Backend> fallback_;
   Algorithm algorithm_;
+  std::function<void(const std::string&)> announce_;
   std::mutex mutex_;
+  std::set<std::string> announced_;                   // ops already delegated once
   std::map<int, std::shared_ptr<Communicator>> gpus_;  // by device index
   uint64_t sequence_ = 0;                             // collectives issued through this backend
 };

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <memory>
+#include <pybind11/functional.h>
 
 #include "algorithms/schedule.h"
 #include "cpu/reducer.h"
@@ -208,15 +209,17 @@ PYBIND11_MODULE(_C, m) {
   py::class_<RingReduceBackend, c10d::Backend, c10::intrusive_ptr<RingReduceBackend>>(
       m, "Backend", "The torch.distributed backend \"ringreduce\" (registered by ringreduce.backend).")
       .def(py::init([](c10d::Store& store, int rank, int size, double timeout_s,
-                       const std::shared_ptr<Communicator>& cpu, c10d::Backend& fallback, int algorithm_code) {
+                       const std::shared_ptr<Communicator>& cpu, c10d::Backend& fallback, int algorithm_code,
+                       std::function<void(const std::string&)> announce) {
              if (algorithm_code < 0 || algorithm_code > 1) throw py::value_error("bad algorithm code");
              return c10::make_intrusive<RingReduceBackend>(c10::intrusive_ptr<c10d::Store>::reclaim_copy(&store), rank,
                                                            size, to_millis(timeout_s), cpu,
                                                            c10::intrusive_ptr<c10d::Backend>::reclaim_copy(&fallback),
-                                                           static_cast<Algorithm>(algorithm_code));
+                                                           static_cast<Algorithm>(algorithm_code), std::move(announce));
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_s"), py::arg("cpu"),
-           py::arg("fallback"), py::arg("algorithm"));
+           py::arg("fallback"), py::arg("algorithm"), py::arg("announce") = nullptr,
+           "`announce(op)`, when given, is called the first time each op goes to the fallback.");
   bind_watchdog_probe(m);
   bind_cuda_probes(m);
 }

@@ -46,7 +46,8 @@ def collective_buffers(collective, rank, world, numel, dtype, op, device="cpu"):
 
 
 def collective_expected(collective, rank, world, numel, dtype, op):
-    """What rank `rank` must hold after the collective (the output, or the input when in place)."""
+    """What rank `rank` must hold after the collective (the output, or the input when in place);
+    None where the collective leaves it unspecified (a reduce's other ranks)."""
     share = numel // world
     if collective == "reduce_scatter":
         return expected_result(world, numel, dtype, op)[rank * share:(rank + 1) * share]
@@ -54,4 +55,6 @@ def collective_expected(collective, rank, world, numel, dtype, op):
         return torch.cat([bench_inputs(r, world, share, dtype, op) for r in range(world)])
     if collective == "broadcast":
         return bench_inputs(0, world, numel, dtype, op)
+    if collective == "reduce" and rank != 0:
+        return None
     return expected_result(world, numel, dtype, op)

@@ -20,7 +20,10 @@ DTYPES = {
 DEFAULT_SIZES = "4K,64K,1M,16M,64M"
 # What --collective can time; sizes are the whole buffer (a reduce-scatter's input, an all-gather's
 # output), as in nccl-tests.
-COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")
+# The one algorithm each collective but all_reduce runs on (broadcast: a chain along the ring;
+# reduce: the central reducer's first half, into rank 0).
+NATIVE_ALGORITHM = {"reduce_scatter": "ring", "all_gather": "ring", "broadcast": "ring", "reduce": "central"}
 # Trials per row; the table reports the median trial.
 DEFAULT_TRIALS = 5
 DESCRIPTION = "nccl-tests-style benchmark: ringreduce's collectives beside torch.distributed's."
@@ -56,7 +59,7 @@ def parse_args(argv=None):
     parser.add_argument("-e", "--maxbytes", help="largest size")
     parser.add_argument("-f", "--stepfactor", type=int, default=4, help="size multiplier between rows")
     parser.add_argument("--collective", choices=COLLECTIVES, default="all_reduce",
-                        help="the collective to time (all but all_reduce: the ring only, CPU transports only)")
+                        help="the collective to time (all but all_reduce: one algorithm each, CPU transports only)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     parser.add_argument("--op", choices=sorted(OPS), default="sum")
     parser.add_argument("--iters", type=int, default=0, help="timed calls per row (0: about 0.5 s per row)")

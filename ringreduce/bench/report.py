@@ -17,6 +17,7 @@ BUS_FACTORS = {
     "reduce_scatter": ("(n-1)/n", lambda n: (n - 1) / n),
     "all_gather": ("(n-1)/n", lambda n: (n - 1) / n),
     "broadcast": ("1", lambda n: 1.0),
+    "reduce": ("1", lambda n: 1.0),
 }
 
 

@@ -1,0 +1,29 @@
+"""The benchmark runs every collective it offers, checks each row's result, and reports it."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ringreduce.bench.options import COLLECTIVES
+from ringreduce.bench.report import BUS_FACTORS
+
+BENCH_TIMEOUT_S = 240
+
+
+@pytest.mark.parametrize("collective", COLLECTIVES)
+def test_bench_rows_are_checked_and_correct(collective, tmp_path):
+    out = tmp_path / "bench.json"
+    done = subprocess.run([sys.executable, "-m", "ringreduce.bench", "--world", "2", "--sizes", "4K,300K",
+                           "--collective", collective, "--trials", "1", "--iters", "3", "--no-mpi", "--progress", "0",
+                           "--json", str(out)], capture_output=True, text=True, timeout=BENCH_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = json.loads(out.read_text())
+    names = {(r["impl"], r["transport"]) for r in records}
+    assert ("ringreduce", "shm") in names and ("torch.distributed", "gloo") in names, names
+    assert {r["bytes"] for r in records} >= {4096}
+    for r in records:
+        assert r["collective"] == collective and r["wrong"] == 0, r
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * BUS_FACTORS[collective][1](2)), r
+    assert f"# {collective}, 2 ranks" in done.stdout

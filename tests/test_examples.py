@@ -1,0 +1,33 @@
+"""The training examples run on the ringreduce backend and learn exactly what they learn on gloo."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+# Small enough for a test, large enough for several batches and a falling loss.
+SMALL_RUN = ["--epochs", "2", "--samples", "2048", "--batch", "64"]
+EXAMPLE_TIMEOUT_S = 240
+
+
+def _losses(script, backend, extra):
+    done = subprocess.run([sys.executable, os.path.join(EXAMPLES, script), "--backend", backend, *SMALL_RUN, *extra],
+                          capture_output=True, text=True, timeout=EXAMPLE_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    losses = [float(v) for v in re.findall(r"loss (\d+\.\d+)", done.stdout)]
+    assert len(losses) == 2, done.stdout
+    return losses
+
+
+@pytest.mark.parametrize("script, extra", [
+    ("train_ddp.py", ["--hook", "builtin"]),
+    ("train_sharded.py", ["--shard", "fsdp"]),
+    ("train_sharded.py", ["--shard", "zero"]),
+])
+def test_example_learns_what_it_learns_on_gloo(script, extra):
+    ours = _losses(script, "ringreduce", extra)
+    assert ours == _losses(script, "gloo", extra), "the printed losses (4 decimals) differ from gloo's"
+    assert ours[1] < ours[0], "the loss falls"
