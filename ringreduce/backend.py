@@ -4,14 +4,15 @@
     dist.init_process_group("cpu:ringreduce,cuda:nccl")    # ringreduce for CPU, torch's NCCL for CUDA
 
 All-reduce (also coalesced), reduce-scatter and all-gather (tensor and list forms), broadcast,
-reduce and barrier run on ringreduce's engine; gather, scatter, all-to-all and send/recv on CPU
-tensors go to a gloo backend on the same store. Every group made with ``new_group`` gets its own.
+reduce and barrier run on ringreduce's engine; gather, scatter, all-to-all and send/recv go to a
+gloo backend on the same store (CUDA tensors: torch's NCCL backend). Every group made with ``new_group`` gets its own.
 ``RINGREDUCE_ALGORITHM`` (ring or central) picks the all-reduce algorithm; ring by default.
 """
 
 import datetime
 import os
 
+import torch
 import torch.distributed as dist
 
 from ringreduce import _C, _debug
@@ -46,12 +47,19 @@ def _create(store, rank, size, timeout):
         why = "ranks on several hosts: a private gloo group"
     _debug.info_once(("backend", id(cpu)),
                      f"backend rank {rank}/{size}: CPU transport {cpu.transport} ({why}), all-reduce {algorithm}; "
-                     "gather, scatter, all-to-all and send/recv go to gloo")
+                     "gather, scatter, all-to-all and send/recv go to gloo (CUDA tensors: nccl)")
 
-    def announce(op):
-        _debug.info_once(("delegated", id(cpu), op), f"backend rank {rank}/{size}: {op} goes to gloo")
+    # CUDA tensors of the delegated ops go to torch's NCCL backend, which makes its communicators
+    # only when first used.
+    cuda_fallback = (dist.ProcessGroupNCCL(dist.PrefixStore("nccl-fallback/", store), rank, size,
+                                           datetime.timedelta(seconds=timeout_s))
+                     if torch.cuda.is_available() and dist.is_nccl_available() else None)
 
-    return _C.Backend(store, rank, size, timeout_s, cpu, fallback, code, announce if _debug.enabled() else None)
+    def announce(what):
+        _debug.info_once(("delegated", id(cpu), what), f"backend rank {rank}/{size}: {what}")
+
+    return _C.Backend(store, rank, size, timeout_s, cpu, fallback, cuda_fallback, code,
+                      announce if _debug.enabled() else None)
 
 
 def register() -> None:

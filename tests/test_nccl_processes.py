@@ -87,3 +87,32 @@ def test_ranks_that_disagree_raise_mismatch_error_found_on_the_gpu():
     messages = run_ranks(WORLD, _disagreeing, env={"RINGREDUCE_TIMEOUT": str(TIMEOUT_S)})
     assert all(m and "1000 x float32" in m and "1001 x float32" in m for m in messages), messages
     assert len(set(messages)) == 1, "every rank reports the same pair"
+
+
+def _backend_on_cuda(rank, world):
+    torch.cuda.set_device(rank)
+    t = torch.full((1001,), float(rank + 1), device="cuda")
+    torch.distributed.all_reduce(t)  # the engine, over NCCL point-to-point
+    assert torch.equal(t.cpu(), torch.full((1001,), float(sum(range(1, world + 1)))))
+    shard = torch.empty(7, device="cuda")
+    torch.distributed.reduce_scatter_tensor(shard, torch.arange(7.0 * world, device="cuda"))
+    assert torch.equal(shard.cpu(), torch.arange(7.0 * rank, 7.0 * (rank + 1)) * world)
+    gathered = torch.empty(7 * world, device="cuda")
+    torch.distributed.all_gather_into_tensor(gathered, shard)
+    assert torch.equal(gathered.cpu(), torch.arange(7.0 * world) * world)
+    # Delegated to torch's NCCL backend: send/recv and all-to-all on CUDA tensors.
+    if rank == 0:
+        torch.distributed.send(torch.arange(5.0, device="cuda"), dst=1)
+    elif rank == 1:
+        got = torch.zeros(5, device="cuda")
+        torch.distributed.recv(got, src=0)
+        assert torch.equal(got.cpu(), torch.arange(5.0))
+    out = torch.empty(world, device="cuda")
+    torch.distributed.all_to_all_single(out, torch.full((world,), float(rank), device="cuda"))
+    assert torch.equal(out.cpu(), torch.arange(float(world)))
+    ringreduce.destroy()
+    return True
+
+
+def test_the_backend_on_cuda_tensors():
+    assert run_ranks(WORLD, _backend_on_cuda, backend="ringreduce") == [True] * WORLD

@@ -2,6 +2,8 @@
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
+#include <algorithm>
+
 #include "python/calls.h"
 #include "python/glue.h"
 
@@ -60,13 +62,15 @@ void require_even(const std::vector<at::Tensor>& pieces, const at::Tensor& one, 
 
 RingReduceBackend::RingReduceBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
                                      std::chrono::milliseconds timeout, std::shared_ptr<Communicator> cpu,
-                                     c10::intrusive_ptr<c10d::Backend> fallback, Algorithm algorithm,
+                                     c10::intrusive_ptr<c10d::Backend> fallback,
+                                     c10::intrusive_ptr<c10d::Backend> cuda_fallback, Algorithm algorithm,
                                      std::function<void(const std::string&)> announce)
     : c10d::Backend(rank, size),
       store_(std::move(store)),
       timeout_(timeout),
       cpu_(std::move(cpu)),
       fallback_(std::move(fallback)),
+      cuda_fallback_(std::move(cuda_fallback)),
       algorithm_(algorithm),
       announce_(std::move(announce)) {}
 
@@ -93,19 +97,20 @@ Communicator& RingReduceBackend::communicator(const at::Tensor& tensor) {
 }
 
 c10d::Backend& RingReduceBackend::fallback(const std::vector<at::Tensor>& tensors, const char* op) {
-  for (const at::Tensor& t : tensors) {
-    TORCH_CHECK(!t.is_cuda(), "the ringreduce backend runs ", op, " on CPU tensors only (through gloo); for CUDA "
-                "tensors initialise with backend=\"cpu:ringreduce,cuda:nccl\" or use an nccl group");
-  }
+  const bool cuda = std::any_of(tensors.begin(), tensors.end(), [](const at::Tensor& t) { return t.is_cuda(); });
+  TORCH_CHECK(!cuda || cuda_fallback_, "the ringreduce backend sends ", op, " on CUDA tensors to torch's NCCL "
+              "backend, which this torch lacks (or CUDA was not available when the group was made); initialise with "
+              "backend=\"cpu:ringreduce,cuda:gloo\" or use CPU tensors");
+  c10d::Backend& target = cuda ? *cuda_fallback_ : *fallback_;
   if (announce_) {
     bool first;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       first = announced_.insert(op).second;
     }
-    if (first) announce_(op);  // outside the lock: it takes the GIL
+    if (first) announce_(std::string(op) + (cuda ? " (CUDA) goes to nccl" : " goes to gloo"));  // takes the GIL
   }
-  return *fallback_;
+  return target;
 }
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::allreduce(std::vector<at::Tensor>& tensors,
@@ -221,7 +226,7 @@ c10::intrusive_ptr<c10d::Work> RingReduceBackend::reduce_scatter_tensor_coalesce
 }
 
 void RingReduceBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
-  fallback_->monitoredBarrier(opts, wait_all_ranks);
+  fallback({}, "monitoredBarrier").monitoredBarrier(opts, wait_all_ranks);
 }
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::reduce(std::vector<at::Tensor>& tensors,

@@ -23,11 +23,13 @@ namespace ringreduce {
 class RingReduceBackend final : public c10d::Backend {
  public:
   // `cpu` serves CPU tensors (shm or pg, chosen by the Python creator); nccl communicators for CUDA
-  // tensors are made on first use through `store`. `fallback` (gloo) serves the rest, and
-  // `announce` (when set) is told the name of each op the first time it is delegated.
+  // tensors are made on first use through `store`. `fallback` (gloo) serves the rest on CPU
+  // tensors, `cuda_fallback` (torch's NCCL; null without CUDA) on CUDA tensors, and `announce`
+  // (when set) is told the name of each op the first time it is delegated.
   RingReduceBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::chrono::milliseconds timeout,
                     std::shared_ptr<Communicator> cpu, c10::intrusive_ptr<c10d::Backend> fallback,
-                    Algorithm algorithm, std::function<void(const std::string&)> announce);
+                    c10::intrusive_ptr<c10d::Backend> cuda_fallback, Algorithm algorithm,
+                    std::function<void(const std::string&)> announce);
 
   const std::string getBackendName() const override { return "ringreduce"; }
   uint64_t getSequenceNumberForGroup() override;
@@ -78,13 +80,14 @@ class RingReduceBackend final : public c10d::Backend {
  private:
   // The communicator for tensors on `tensor`'s device.
   Communicator& communicator(const at::Tensor& tensor);
-  // The fallback for an op the engine does not run; CUDA tensors need a CUDA backend for them.
+  // The fallback for an op the engine does not run: gloo for CPU tensors, NCCL for CUDA tensors.
   c10d::Backend& fallback(const std::vector<at::Tensor>& tensors, const char* op);
 
   c10::intrusive_ptr<c10d::Store> store_;
   std::chrono::milliseconds timeout_;
   std::shared_ptr<Communicator> cpu_;
   c10::intrusive_ptr<c10d::Backend> fallback_;
+  c10::intrusive_ptr<c10d::Backend> cuda_fallback_;
   Algorithm algorithm_;
   std::function<void(const std::string&)> announce_;
   std::mutex mutex_;

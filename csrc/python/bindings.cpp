@@ -209,17 +209,22 @@ PYBIND11_MODULE(_C, m) {
   py::class_<RingReduceBackend, c10d::Backend, c10::intrusive_ptr<RingReduceBackend>>(
       m, "Backend", "The torch.distributed backend \"ringreduce\" (registered by ringreduce.backend).")
       .def(py::init([](c10d::Store& store, int rank, int size, double timeout_s,
-                       const std::shared_ptr<Communicator>& cpu, c10d::Backend& fallback, int algorithm_code,
+                       const std::shared_ptr<Communicator>& cpu, c10d::Backend& fallback,
+                       c10d::Backend* cuda_fallback, int algorithm_code,
                        std::function<void(const std::string&)> announce) {
              if (algorithm_code < 0 || algorithm_code > 1) throw py::value_error("bad algorithm code");
              return c10::make_intrusive<RingReduceBackend>(c10::intrusive_ptr<c10d::Store>::reclaim_copy(&store), rank,
                                                            size, to_millis(timeout_s), cpu,
                                                            c10::intrusive_ptr<c10d::Backend>::reclaim_copy(&fallback),
+                                                           cuda_fallback == nullptr
+                                                               ? c10::intrusive_ptr<c10d::Backend>()
+                                                               : c10::intrusive_ptr<c10d::Backend>::reclaim_copy(cuda_fallback),
                                                            static_cast<Algorithm>(algorithm_code), std::move(announce));
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_s"), py::arg("cpu"),
-           py::arg("fallback"), py::arg("algorithm"), py::arg("announce") = nullptr,
-           "`announce(op)`, when given, is called the first time each op goes to the fallback.");
+           py::arg("fallback"), py::arg("cuda_fallback"), py::arg("algorithm"), py::arg("announce") = nullptr,
+           "`cuda_fallback` (or None) serves the delegated ops on CUDA tensors; `announce(what)`, when given, "
+           "is called the first time each op goes to a fallback.");
   bind_watchdog_probe(m);
   bind_cuda_probes(m);
 }
