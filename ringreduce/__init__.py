@@ -7,7 +7,7 @@
 
 import torch  # noqa: F401  (loads libtorch before the extension)
 
-from ringreduce import backend, hooks
+from ringreduce import backend, hooks, tuning
 from ringreduce._C import CommTimeoutError, MismatchError
 from ringreduce.collectives import (all_gather_into_tensor, all_reduce, broadcast, destroy, reduce,
                                     reduce_scatter_tensor)
@@ -16,6 +16,7 @@ from ringreduce.local import LocalGroup, LocalWorld
 
 __version__ = build_info()["version"]
 backend.register()  # init_process_group("ringreduce")
+tuning.load()  # the table behind algorithm="auto"
 
 __all__ = [
     "CommTimeoutError",
@@ -31,4 +32,5 @@ __all__ = [
     "hooks",
     "reduce",
     "reduce_scatter_tensor",
+    "tuning",
 ]

@@ -6,7 +6,8 @@
 All-reduce (also coalesced), reduce-scatter and all-gather (tensor and list forms), broadcast,
 reduce and barrier run on ringreduce's engine; gather, scatter, all-to-all and send/recv go to a
 gloo backend on the same store (CUDA tensors: torch's NCCL backend). Every group made with ``new_group`` gets its own.
-``RINGREDUCE_ALGORITHM`` (ring or central) picks the all-reduce algorithm; ring by default.
+``RINGREDUCE_ALGORITHM`` (auto, ring, central or one_shot) picks the all-reduce algorithm; auto by
+default (see ringreduce.tuning).
 """
 
 import datetime
@@ -20,7 +21,7 @@ from ringreduce._checks import algorithm_code
 from ringreduce._groups import host_identity
 
 NAME = "ringreduce"
-# The all-reduce algorithm of every ringreduce backend of the process (ring by default).
+# The all-reduce algorithm of every ringreduce backend of the process (auto by default).
 ALGORITHM_ENV = "RINGREDUCE_ALGORITHM"
 
 
@@ -33,7 +34,7 @@ def _single_host(store, rank, size) -> bool:
 def _create(store, rank, size, timeout):
     """The creator torch calls once per group, on every member, with group-local rank and size."""
     timeout_s = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
-    algorithm = os.environ.get(ALGORITHM_ENV, "ring")
+    algorithm = os.environ.get(ALGORITHM_ENV, "auto")
     code = algorithm_code(algorithm)
     fallback = dist.ProcessGroupGloo(dist.PrefixStore("fallback/", store), rank, size,
                                      datetime.timedelta(seconds=timeout_s))

@@ -1,4 +1,4 @@
-"""Both algorithms on the `local` transport (ranks as threads): every dtype and op, world sizes 1-16."""
+"""The all-reduce algorithms on the `local` transport (ranks as threads): every dtype and op, world sizes 1-16."""
 
 import datetime
 
@@ -19,8 +19,13 @@ def world_of(size):
     return _worlds[size]
 
 
-def counts_for(world):
-    return sorted({0, 1, max(world - 1, 0), world, 99_991, 1 << 20})
+ALGORITHMS = ["ring", "central", "one_shot", "auto"]
+
+
+def counts_for(world, algorithm="ring"):
+    """Element counts from empty to many segments; one-shot, a small-message algorithm, stops at 99,991."""
+    counts = {0, 1, max(world - 1, 0), world, 99_991}
+    return sorted(counts if algorithm == "one_shot" else counts | {1 << 20})
 
 
 def segment_for(numel, world, elem_size):
@@ -28,11 +33,11 @@ def segment_for(numel, world, elem_size):
     return max(1, numel * elem_size // world // 5) + 3
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "central"])
+@pytest.mark.parametrize("algorithm", ["ring", "central", "one_shot"])
 @pytest.mark.parametrize("world", WORLDS)
 def test_every_dtype_and_op_matches_the_closed_form(world, algorithm):
     local = world_of(world)
-    for numel in counts_for(world):
+    for numel in counts_for(world, algorithm):
         for dtype in ALL_DTYPES:
             for op in ops_for(dtype):
                 inputs = exact_inputs(world, numel, dtype, op)
@@ -43,7 +48,7 @@ def test_every_dtype_and_op_matches_the_closed_form(world, algorithm):
                 assert_bitwise_equal(tensors, reference(inputs, op), context)
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "central"])
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
 @pytest.mark.parametrize("world", [2, 3, 5, 8])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
 def test_random_floats_close_to_float64_and_identical_on_every_rank(world, algorithm, dtype):
@@ -164,7 +169,7 @@ def test_more_lanes_than_the_hub_keeps_apart_are_capped(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("algorithm", ["ring", "central"])
+@pytest.mark.parametrize("algorithm", ["ring", "central", "one_shot"])
 def test_nan_and_inf_propagate_as_ieee_says(dtype, algorithm):
     # Lengths that leave ragged tails after the 8- and 16-lane vector loops.
     world, numel = 3, 1003

@@ -13,7 +13,7 @@ from reference import ALL_DTYPES, R, exact_inputs, ops_for, reference
 
 def _matrix(rank, world, transport):
     checks = 0
-    for algorithm in ("ring", "central"):
+    for algorithm in ("ring", "central", "one_shot"):
         for numel in sorted({0, 1, world - 1, world, 99_991}):
             for dtype in ALL_DTYPES:
                 for op in ops_for(dtype):
@@ -32,7 +32,7 @@ def _matrix(rank, world, transport):
 def _random_floats_and_async(rank, world, transport):
     gen = torch.Generator().manual_seed(rank)
     results = {}
-    for algorithm in ("ring", "central"):
+    for algorithm in ("ring", "central", "one_shot", "auto"):
         data = torch.randn(1 << 18, generator=gen)
         expected = data.clone()
         dist.all_reduce(expected)
@@ -116,3 +116,27 @@ def _subgroups(rank, world, transport):
 @pytest.mark.parametrize("transport", ["pg", "shm"])
 def test_subgroups_reduce_among_their_members_only(transport):
     assert run_ranks(3, _subgroups, transport) == [True, True, True]
+
+
+def _under_wait_strategy(rank, world):
+    inputs = exact_inputs(world, 10_007, torch.float32, R.SUM)
+    for algorithm in ("ring", "central", "one_shot"):
+        mine = inputs[rank].clone()
+        ringreduce.all_reduce(mine, algorithm=algorithm, transport="shm", segment_bytes=4096)
+        assert torch.equal(mine, reference(inputs, R.SUM)), algorithm
+    return os.environ["RINGREDUCE_WAIT"]
+
+
+@pytest.mark.parametrize("strategy", ["spin", "yield", "sleep"])
+def test_every_wait_strategy_of_shm_gives_the_same_results(strategy):
+    assert run_ranks(3, _under_wait_strategy, env={"RINGREDUCE_WAIT": strategy}) == [strategy] * 3
+
+
+def _bad_wait_strategy(rank, world):
+    with pytest.raises(ValueError, match="RINGREDUCE_WAIT='busy' is not a wait strategy"):
+        ringreduce.all_reduce(torch.ones(3), transport="shm")
+    return True
+
+
+def test_an_unknown_wait_strategy_is_refused():
+    assert run_ranks(2, _bad_wait_strategy, env={"RINGREDUCE_WAIT": "busy"}) == [True, True]

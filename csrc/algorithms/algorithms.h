@@ -49,6 +49,12 @@ void central_all_reduce(Transport& transport, const Reducer& reducer, void* data
 void central_reduce(Transport& transport, const Reducer& reducer, void* data, std::size_t numel,
                     std::size_t segment_bytes, int root);
 
+// One-shot all-reduce, for small messages in host memory: every rank sends its whole buffer to
+// every peer and reduces the N contributions itself, in rank order, in `scratch` (as large as the
+// buffer). One round of messages instead of the ring's 2(N-1) or the central reducer's two, at the
+// price of (N-1) times the buffer on every rank's links. Every rank ends with the same bits.
+void one_shot_all_reduce(Transport& transport, const Reducer& reducer, void* data, void* scratch, std::size_t numel);
+
 // An all-reduce of nothing still meets the neighbours: one empty message around the ring carries
 // the headers, so a rank that passed an empty tensor while others did not is caught, not left waiting.
 void agree_on_nothing(Transport& transport);

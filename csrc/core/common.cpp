@@ -27,7 +27,15 @@ const char* op_name(ReduceOp op) {
   return "unknown";
 }
 
-const char* algorithm_name(Algorithm algorithm) { return algorithm == Algorithm::Ring ? "ring" : "central"; }
+const char* algorithm_name(Algorithm algorithm) {
+  switch (algorithm) {
+    case Algorithm::Ring: return "ring";
+    case Algorithm::Central: return "central";
+    case Algorithm::OneShot: return "one_shot";
+    case Algorithm::Auto: return "auto";
+  }
+  return "unknown";
+}
 
 const char* collective_name(Collective collective) {
   switch (collective) {

@@ -8,7 +8,9 @@
 
 namespace ringreduce {
 
-enum class Algorithm : int { Ring, Central };
+// The all-reduce algorithms. Auto is never run: a call resolves it to one of the others from the
+// tuning table (engine/auto_choice.h) before the header is made.
+enum class Algorithm : int { Ring, Central, OneShot, Auto };
 
 // The collectives the engine runs.
 enum class Collective : int { AllReduce, ReduceScatter, AllGather, Broadcast, Reduce };

@@ -27,6 +27,9 @@ std::size_t positive_from_env(const char* name, const char* example) {
 // The largest lane count a header can carry.
 constexpr std::size_t kMaxHeaderLanes = 255;
 
+// Working memory is aligned to a cache line, as the reducers' vector loops like it.
+constexpr std::size_t kScratchAlignment = 64;
+
 }  // namespace
 
 std::size_t resolve_segment_bytes(std::size_t requested) {
@@ -43,6 +46,16 @@ const Reducer& Communicator::reducer(DType dtype, ReduceOp op) {
   return *slot;
 }
 
+void* Communicator::host_scratch(std::size_t bytes) {
+  if (bytes > host_scratch_bytes_) {
+    const std::size_t rounded = (bytes + kScratchAlignment - 1) / kScratchAlignment * kScratchAlignment;
+    host_scratch_.reset(std::aligned_alloc(kScratchAlignment, rounded));
+    RR_CHECK(host_scratch_ != nullptr, "could not allocate ", rounded, " bytes of working memory");
+    host_scratch_bytes_ = rounded;
+  }
+  return host_scratch_.get();
+}
+
 void Communicator::run(const CollectiveArgs& args) {
   if (!broken_.message.empty()) {
     AbortNotice again = broken_;
@@ -56,6 +69,9 @@ void Communicator::run(const CollectiveArgs& args) {
            collective_name(args.collective), " of ", args.numel, " elements does not split into ", size(), " chunks");
   const std::size_t segment_bytes =
       args.segment_bytes > 0 ? args.segment_bytes : transport_->default_segment_bytes();
+  RR_CHECK(args.algorithm != Algorithm::Auto, "the algorithm must be resolved before the collective runs");
+  RR_CHECK(args.algorithm != Algorithm::OneShot || stream_ == nullptr,
+           "one_shot runs on host memory only; use ring or central for device tensors");
   const Reducer& reducer = this->reducer(args.dtype, args.op);
   const std::size_t wanted_lanes = positive_from_env(kLanesEnv, "1");
   const std::size_t asked_lanes = wanted_lanes > 0 ? wanted_lanes : transport_->default_lanes();
@@ -84,10 +100,16 @@ void Communicator::run(const CollectiveArgs& args) {
     } else {
       switch (args.collective) {
         case Collective::AllReduce:
-          if (args.algorithm == Algorithm::Ring) {
-            ring_all_reduce(*transport_, reducer, args.data, args.numel, segment_bytes, lanes);
-          } else {
-            central_all_reduce(*transport_, reducer, args.data, args.numel, segment_bytes, args.root);
+          switch (args.algorithm) {
+            case Algorithm::Ring:
+              ring_all_reduce(*transport_, reducer, args.data, args.numel, segment_bytes, lanes);
+              break;
+            case Algorithm::Central:
+              central_all_reduce(*transport_, reducer, args.data, args.numel, segment_bytes, args.root);
+              break;
+            default:
+              one_shot_all_reduce(*transport_, reducer, args.data, host_scratch(args.numel * reducer.element_size()),
+                                  args.numel);
           }
           break;
         case Collective::ReduceScatter:

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -63,6 +64,8 @@ class Communicator {
 
  private:
   const Reducer& reducer(DType dtype, ReduceOp op);
+  // Host memory of at least `bytes`, kept for later calls (one-shot's accumulator).
+  void* host_scratch(std::size_t bytes);
 
   [[noreturn]] void fail(AbortNotice notice);
 
@@ -74,6 +77,8 @@ class Communicator {
   std::uint64_t sequence_ = 0;  // collectives issued so far (travels in the headers)
   AbortNotice broken_;          // why the communicator stopped; empty message while healthy
   std::shared_ptr<void> caller_state_;
+  std::unique_ptr<void, void (*)(void*)> host_scratch_{nullptr, std::free};
+  std::size_t host_scratch_bytes_ = 0;
   // Destroyed first, so no job outlives the transport.
   OrderedExecutor executor_;
 };

@@ -205,7 +205,7 @@ c10::intrusive_ptr<c10d::Work> RingReduceBackend::reduce_scatter(std::vector<at:
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::barrier(const c10d::BarrierOptions& /*opts*/) {
   // Every rank meets in a one-element all-reduce on the CPU communicator.
   const at::Tensor token = at::zeros({1}, at::kInt);
-  return submit(*cpu_, all_reduce_call(*cpu_, token, ReduceOp::Sum, Algorithm::Ring, 0, 0), true);
+  return submit(*cpu_, all_reduce_call(*cpu_, token, ReduceOp::Sum, Algorithm::Auto, 0, 0), true);
 }
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,

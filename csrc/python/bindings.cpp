@@ -6,10 +6,12 @@
 
 #include <chrono>
 #include <memory>
+#include <tuple>
 #include <pybind11/functional.h>
 
 #include "algorithms/schedule.h"
 #include "cpu/reducer.h"
+#include "engine/auto_choice.h"
 #include "engine/communicator.h"
 #include "python/backend.h"
 #include "python/calls.h"
@@ -37,7 +39,7 @@ py::object to_python(const c10::intrusive_ptr<c10d::Work>& work) { return work ?
 
 py::object all_reduce(Communicator& communicator, const at::Tensor& tensor, int op_code, int algorithm_code,
                       std::size_t segment_bytes, int root, bool async_op) {
-  if (algorithm_code < 0 || algorithm_code > 1) {
+  if (algorithm_code < 0 || algorithm_code > static_cast<int>(Algorithm::Auto)) {
     throw std::invalid_argument(detail::concat("ringreduce: bad algorithm code ", algorithm_code));
   }
   return to_python(submit(communicator,
@@ -205,6 +207,30 @@ PYBIND11_MODULE(_C, m) {
         "The groups of (is_send, peer, bytes) a transport that groups like nccl hands over, for one float32 call.");
   m.def("central_schedule", &central_schedule_py, py::arg("numel"), py::arg("elem_size"), py::arg("segment_bytes"));
   m.def("build_info", &build_info);
+  m.def(
+      "set_auto_table",
+      [](const std::vector<std::tuple<std::string, int, std::uint64_t, int>>& lines, std::string source) {
+        std::vector<AutoRule> rules;
+        for (const auto& [transport, world, up_to_bytes, algorithm] : lines) {
+          if (algorithm < 0 || algorithm >= static_cast<int>(Algorithm::Auto) || world < 1) {
+            throw py::value_error(ringreduce::detail::concat("bad auto table line for ", transport, ": world ", world,
+                                                 ", algorithm code ", algorithm));
+          }
+          rules.push_back({transport, world, up_to_bytes, static_cast<Algorithm>(algorithm)});
+        }
+        set_auto_table(std::move(rules), std::move(source));
+      },
+      py::arg("lines"), py::arg("source"),
+      "Replaces the auto table: (transport, world, up_to_bytes, algorithm code) lines.");
+  m.def("set_auto_logger", &set_auto_logger, py::arg("logger"),
+        "`logger(sentence)` hears the first use of each auto table line; None turns it off.");
+  m.def(
+      "choose_algorithm",
+      [](const std::string& transport, int world, std::uint64_t bytes, bool host_memory) {
+        return static_cast<int>(choose_algorithm(transport, world, bytes, host_memory));
+      },
+      py::arg("transport"), py::arg("world"), py::arg("bytes"), py::arg("host_memory") = true,
+      "The algorithm code auto picks for such a call.");
 
   py::class_<RingReduceBackend, c10d::Backend, c10::intrusive_ptr<RingReduceBackend>>(
       m, "Backend", "The torch.distributed backend \"ringreduce\" (registered by ringreduce.backend).")
@@ -212,7 +238,7 @@ PYBIND11_MODULE(_C, m) {
                        const std::shared_ptr<Communicator>& cpu, c10d::Backend& fallback,
                        c10d::Backend* cuda_fallback, int algorithm_code,
                        std::function<void(const std::string&)> announce) {
-             if (algorithm_code < 0 || algorithm_code > 1) throw py::value_error("bad algorithm code");
+             if (algorithm_code < 0 || algorithm_code > static_cast<int>(Algorithm::Auto)) throw py::value_error("bad algorithm code");
              return c10::make_intrusive<RingReduceBackend>(c10::intrusive_ptr<c10d::Store>::reclaim_copy(&store), rank,
                                                            size, to_millis(timeout_s), cpu,
                                                            c10::intrusive_ptr<c10d::Backend>::reclaim_copy(&fallback),

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/auto_choice.h"
 #include "python/glue.h"
 
 namespace py = pybind11;
@@ -217,6 +218,11 @@ DType copy_dtype(const at::Tensor& tensor, std::size_t* numel) {
 Call all_reduce_call(Communicator& communicator, const at::Tensor& tensor, ReduceOp op, Algorithm algorithm,
                      std::size_t segment_bytes, int root) {
   const DType dtype = to_dtype(tensor, op);
+  if (algorithm == Algorithm::Auto) {
+    algorithm = choose_algorithm(communicator.transport_name(), communicator.size(),
+                                 static_cast<std::uint64_t>(tensor.numel()) * tensor.element_size(),
+                                 communicator.stream_context() == nullptr);
+  }
   if (algorithm == Algorithm::Central && (root < 0 || root >= communicator.size())) {
     throw std::invalid_argument(detail::concat("ringreduce: central root ", root, " is not a rank of this group (size ",
                                                communicator.size(), ")"));

@@ -36,6 +36,9 @@ constexpr const char* kNamePrefix = "ringreduce-";
 // another core usually answers within a few microseconds, and a futex sleep and wake-up cost about
 // 10 us here. With more ranks than cores it sleeps at once, leaving the core to the peer it waits for.
 constexpr std::chrono::microseconds kSpinWhenCoresSuffice{50};
+// With more ranks than cores, a waiting rank yields its core this long before it sleeps: the peer
+// it waits for is usually runnable on that core, and a yield hands over without the futex wake-up.
+constexpr std::chrono::microseconds kYieldBeforeSleep{1000};
 // A sleeping rank wakes at least this often to check that its peers are alive and not aborted.
 constexpr std::chrono::milliseconds kLivenessPoll{100};
 
@@ -122,6 +125,17 @@ int usable_cores() {
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
+WaitStrategy wait_strategy(int world) {
+  const char* text = std::getenv(kWaitEnv);
+  const std::string name = text == nullptr ? "" : text;
+  if (name.empty()) return world <= usable_cores() ? WaitStrategy::Spin : WaitStrategy::Yield;
+  if (name == "spin") return WaitStrategy::Spin;
+  if (name == "yield") return WaitStrategy::Yield;
+  if (name == "sleep") return WaitStrategy::Sleep;
+  throw std::invalid_argument(detail::concat("ringreduce: ", kWaitEnv, "='", name,
+                                             "' is not a wait strategy; unset it or set spin, yield or sleep"));
+}
+
 std::string random_token() {
   std::random_device device;
   const std::uint64_t value = (static_cast<std::uint64_t>(device()) << 32) ^ device();
@@ -199,7 +213,10 @@ struct ShmTransport::Segment {
 ShmTransport::ShmTransport(Rendezvous& rendezvous, int rank, int world, std::chrono::milliseconds timeout)
     : rank_(rank), world_(world), timeout_(timeout), segments_(world), sends_(world), recvs_(world) {
   RR_CHECK(world >= 1 && world < (1 << 15) && rank >= 0 && rank < world, "bad shm rank ", rank, " of ", world);
-  spin_ = world <= usable_cores() ? std::chrono::nanoseconds(kSpinWhenCoresSuffice) : std::chrono::nanoseconds(0);
+  wait_ = wait_strategy(world);
+  busy_ = wait_ == WaitStrategy::Spin    ? std::chrono::nanoseconds(kSpinWhenCoresSuffice)
+          : wait_ == WaitStrategy::Yield ? std::chrono::nanoseconds(kYieldBeforeSleep)
+                                         : std::chrono::nanoseconds(0);
   remove_stale_segments();
 
   const std::string own_name = "/" + std::string(kNamePrefix) + std::to_string(::getpid()) + "-" + random_token();
@@ -408,11 +425,15 @@ void ShmTransport::drive(Pull pull, Done done, int peer, bool sending) {
 void ShmTransport::idle(std::uint32_t doorbell_seen, const std::atomic<std::uint64_t>* watch, std::uint64_t watch_seen,
                         std::chrono::steady_clock::time_point deadline, const char* doing, int peer) {
   Header* own = segments_[rank_]->header();
-  const auto spin_until = std::chrono::steady_clock::now() + spin_;
-  while (std::chrono::steady_clock::now() < spin_until) {
+  const auto busy_until = std::chrono::steady_clock::now() + busy_;
+  while (std::chrono::steady_clock::now() < busy_until) {
     if (watch->load(std::memory_order_acquire) != watch_seen) return;
     if (own->doorbell.load(std::memory_order_acquire) != doorbell_seen) return;
-    cpu_relax();
+    if (wait_ == WaitStrategy::Yield) {
+      ::sched_yield();
+    } else {
+      cpu_relax();
+    }
   }
   // Nothing came while spinning: sleep until a peer rings, checking on the peers now and then.
   own->sleeping.store(1, std::memory_order_seq_cst);

@@ -35,6 +35,12 @@ constexpr std::size_t kShmSlotHeaderBytes = 64;
 // touches one, the central root one per peer).
 constexpr std::size_t kShmChannelBytes = kShmSlots * (kShmSlotHeaderBytes + kShmSlotBytes);
 
+// How a waiting rank passes the time before it sleeps on its futex: polling (spin), handing its
+// core to another runnable process (yield), or neither (sleep at once). RINGREDUCE_WAIT names one;
+// unset, a rank spins while ranks do not outnumber the cores, and yields when they do.
+enum class WaitStrategy { Spin, Yield, Sleep };
+constexpr const char* kWaitEnv = "RINGREDUCE_WAIT";
+
 class ShmTransport final : public Transport {
  public:
   // Collective: every rank of the group constructs one with the same rendezvous.
@@ -104,7 +110,8 @@ class ShmTransport final : public Transport {
   int rank_;
   int world_;
   std::chrono::milliseconds timeout_;
-  std::chrono::nanoseconds spin_;
+  WaitStrategy wait_;
+  std::chrono::nanoseconds busy_;  // how long a wait spins or yields before it sleeps
   std::vector<std::unique_ptr<Segment>> segments_;  // by rank; segments_[rank_] is ours
   std::vector<std::deque<SendOp>> sends_;           // by destination, in posting order
   std::vector<std::deque<RecvOp>> recvs_;           // by source, in posting order

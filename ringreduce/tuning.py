@@ -1,0 +1,94 @@
+"""The table behind algorithm="auto": which all-reduce algorithm runs at which size.
+
+A table is a small JSON file::
+
+    {"format": 1, "measured": "...", "lines": [
+        {"transport": "shm", "world": 2, "up_to_bytes": 65536, "algorithm": "one_shot"},
+        {"transport": "shm", "world": 2, "up_to_bytes": null, "algorithm": "ring"}, ...]}
+
+Calls on a transport use the lines measured at the largest world size not above theirs (the
+smallest measured, when all are above); the first line, in ascending ``up_to_bytes``, that covers
+the call's bytes names the algorithm (``null``: any size); ring where none does. The table is read
+on import from ``RINGREDUCE_TUNING_FILE``, else from ``~/.cache/ringreduce/tuning.json`` (what
+``python -m ringreduce.tune`` writes), else the defaults below. Every rank must use the same table:
+ranks that choose differently raise MismatchError on their first such call.
+"""
+
+import json
+import os
+
+from ringreduce import _C, _debug
+from ringreduce._checks import ALGORITHM_CODES
+
+FILE_ENV = "RINGREDUCE_TUNING_FILE"
+FORMAT = 1
+
+# Measured with `python -m ringreduce.tune` on the 2-core development machine, 2026-11-30; the
+# runs behind them are in benchmarks/RESULTS.md ("Small messages and auto"). pg and nccl have no
+# lines: they run ring, the algorithm measured before auto existed.
+DEFAULT_LINES = [
+    {"transport": "shm", "world": 2, "up_to_bytes": 65536, "algorithm": "one_shot"},
+    {"transport": "shm", "world": 2, "up_to_bytes": None, "algorithm": "ring"},
+    {"transport": "shm", "world": 4, "up_to_bytes": 65536, "algorithm": "one_shot"},
+    {"transport": "shm", "world": 4, "up_to_bytes": 4194304, "algorithm": "central"},
+    {"transport": "shm", "world": 4, "up_to_bytes": None, "algorithm": "ring"},
+    {"transport": "local", "world": 2, "up_to_bytes": 65536, "algorithm": "one_shot"},
+    {"transport": "local", "world": 2, "up_to_bytes": None, "algorithm": "ring"},
+]
+
+
+def default_path() -> str:
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "ringreduce", "tuning.json")
+
+
+def validate(table, source: str) -> list:
+    """The table's lines, checked; ValueError naming `source` and the bad line otherwise."""
+    if not isinstance(table, dict) or table.get("format") != FORMAT or not isinstance(table.get("lines"), list):
+        raise ValueError(f"{source}: not a ringreduce tuning table (want {{\"format\": {FORMAT}, \"lines\": [...]}}); "
+                         "rewrite it with python -m ringreduce.tune")
+    lines = []
+    for line in table["lines"]:
+        try:
+            algorithm = line["algorithm"]
+            up_to = line["up_to_bytes"]
+            ok = (isinstance(line["transport"], str) and isinstance(line["world"], int) and line["world"] >= 1
+                  and algorithm in ALGORITHM_CODES and algorithm != "auto"
+                  and (up_to is None or (isinstance(up_to, int) and up_to >= 0)))
+        except (KeyError, TypeError):
+            ok = False
+        if not ok:
+            raise ValueError(f"{source}: bad line {line!r}: want transport (str), world (int >= 1), up_to_bytes "
+                             "(int or null) and algorithm (ring, central or one_shot)")
+        lines.append(line)
+    return lines
+
+
+def install(lines, source: str) -> None:
+    """Makes `lines` the table that auto reads (in this process)."""
+    _C.set_auto_table([(l["transport"], l["world"], 2**64 - 1 if l["up_to_bytes"] is None else l["up_to_bytes"],
+                        ALGORITHM_CODES[l["algorithm"]]) for l in lines], source)
+
+
+def load() -> str:
+    """Installs the table from the environment's file, the default path or the shipped defaults,
+    and returns where it came from."""
+    path = os.environ.get(FILE_ENV) or (default_path() if os.path.exists(default_path()) else None)
+    if path is None:
+        install(DEFAULT_LINES, "the shipped defaults")
+        return "the shipped defaults"
+    try:
+        with open(path) as f:
+            table = json.load(f)
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"cannot read the tuning table {path} ({FILE_ENV}): {error}") from error
+    install(validate(table, path), path)
+    return path
+
+
+def _announce(sentence: str) -> None:
+    _debug.info_once(("auto", sentence), sentence)
+
+
+if _debug.enabled():
+    _C.set_auto_logger(_announce)
