@@ -128,6 +128,9 @@ def _check_transport(name, device_type):
 _resolved = {}
 # (communicator, algorithm) pairs already logged under RINGREDUCE_DEBUG=INFO.
 _logged = set()
+# all_reduce calls whose arguments passed every check once, for its fast path: (group, transport,
+# algorithm, dtype, device index, op code) -> (communicator, algorithm code).
+checked_calls = {}
 
 
 def communicator(group, tensor, transport, algorithm):
@@ -180,4 +183,6 @@ def destroy(group=None) -> None:
             del _states[key]
         for key in [k for k in _resolved if group is None or k[0] is group]:
             del _resolved[key]
+        for key in [k for k in checked_calls if group is None or k[0] is group]:
+            del checked_calls[key]
         _logged.clear()

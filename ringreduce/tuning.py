@@ -23,17 +23,23 @@ from ringreduce._checks import ALGORITHM_CODES
 FILE_ENV = "RINGREDUCE_TUNING_FILE"
 FORMAT = 1
 
-# Measured with `python -m ringreduce.tune` on the 2-core development machine, 2026-11-30; the
-# runs behind them are in benchmarks/RESULTS.md ("Small messages and auto"). pg and nccl have no
-# lines: they run ring, the algorithm measured before auto existed.
+# `python -m ringreduce.tune` on the 2-core development machine, 2026-11-30 (the times behind
+# each line are in benchmarks/RESULTS.md, "Small messages and auto"). pg and nccl have no lines:
+# they run ring, the algorithm measured for them before auto existed.
 DEFAULT_LINES = [
-    {"transport": "shm", "world": 2, "up_to_bytes": 65536, "algorithm": "one_shot"},
-    {"transport": "shm", "world": 2, "up_to_bytes": None, "algorithm": "ring"},
-    {"transport": "shm", "world": 4, "up_to_bytes": 65536, "algorithm": "one_shot"},
-    {"transport": "shm", "world": 4, "up_to_bytes": 4194304, "algorithm": "central"},
-    {"transport": "shm", "world": 4, "up_to_bytes": None, "algorithm": "ring"},
     {"transport": "local", "world": 2, "up_to_bytes": 65536, "algorithm": "one_shot"},
-    {"transport": "local", "world": 2, "up_to_bytes": None, "algorithm": "ring"},
+    {"transport": "local", "world": 2, "up_to_bytes": None, "algorithm": "central"},
+    {"transport": "local", "world": 4, "up_to_bytes": 262144, "algorithm": "one_shot"},
+    {"transport": "local", "world": 4, "up_to_bytes": 16777216, "algorithm": "ring"},
+    {"transport": "local", "world": 4, "up_to_bytes": None, "algorithm": "central"},
+    {"transport": "shm", "world": 2, "up_to_bytes": 4096, "algorithm": "central"},
+    {"transport": "shm", "world": 2, "up_to_bytes": 32768, "algorithm": "one_shot"},
+    {"transport": "shm", "world": 2, "up_to_bytes": 33554432, "algorithm": "ring"},
+    {"transport": "shm", "world": 2, "up_to_bytes": None, "algorithm": "central"},
+    {"transport": "shm", "world": 4, "up_to_bytes": 8192, "algorithm": "one_shot"},
+    {"transport": "shm", "world": 4, "up_to_bytes": 65536, "algorithm": "central"},
+    {"transport": "shm", "world": 4, "up_to_bytes": 8388608, "algorithm": "ring"},
+    {"transport": "shm", "world": 4, "up_to_bytes": None, "algorithm": "central"},
 ]
 
 

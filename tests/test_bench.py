@@ -27,3 +27,7 @@ def test_bench_rows_are_checked_and_correct(collective, tmp_path):
         assert r["collective"] == collective and r["wrong"] == 0, r
         assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * BUS_FACTORS[collective][1](2)), r
     assert f"# {collective}, 2 ranks" in done.stdout
+    if collective == "all_reduce":
+        algorithms = {r["algorithm"] for r in records if r["transport"] == "shm"}
+        assert algorithms == {"ring", "central", "one_shot", "auto"}, algorithms
+        assert "# auto/shm against the best of ring, central, one_shot" in done.stdout

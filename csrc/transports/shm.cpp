@@ -32,12 +32,15 @@ constexpr std::size_t kPageBytes = 4096;
 constexpr std::size_t kAbortReasonBytes = 1024;  // room for a mismatch message naming both calls
 // Segment names start with this, then the creating pid: leftovers of dead jobs are recognisable.
 constexpr const char* kNamePrefix = "ringreduce-";
-// While ranks do not outnumber cores, a waiting rank polls this long before it sleeps: a peer on
-// another core usually answers within a few microseconds, and a futex sleep and wake-up cost about
-// 10 us here. With more ranks than cores it sleeps at once, leaving the core to the peer it waits for.
+// RINGREDUCE_WAIT=spin: poll this long, then sleep. A peer on another core usually answers within
+// a few microseconds, and a futex sleep and wake-up cost about 10 us here.
 constexpr std::chrono::microseconds kSpinWhenCoresSuffice{50};
-// With more ranks than cores, a waiting rank yields its core this long before it sleeps: the peer
-// it waits for is usually runnable on that core, and a yield hands over without the futex wake-up.
+// The default, while ranks do not outnumber the cores: poll this long first, which catches a peer
+// running on another core, ...
+constexpr std::chrono::microseconds kSpinBeforeYield{5};
+// ... then yield the core this long before sleeping: the peer waited for is often runnable on this
+// very core (4 ranks on 2 cores; or 2 ranks that the scheduler put on one), and a yield hands it
+// over without a futex wake-up. Measured in benchmarks/RESULTS.md ("Small messages and auto").
 constexpr std::chrono::microseconds kYieldBeforeSleep{1000};
 // A sleeping rank wakes at least this often to check that its peers are alive and not aborted.
 constexpr std::chrono::milliseconds kLivenessPoll{100};
@@ -125,13 +128,13 @@ int usable_cores() {
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
-WaitStrategy wait_strategy(int world) {
+WaitPlan wait_plan(int world) {
   const char* text = std::getenv(kWaitEnv);
   const std::string name = text == nullptr ? "" : text;
-  if (name.empty()) return world <= usable_cores() ? WaitStrategy::Spin : WaitStrategy::Yield;
-  if (name == "spin") return WaitStrategy::Spin;
-  if (name == "yield") return WaitStrategy::Yield;
-  if (name == "sleep") return WaitStrategy::Sleep;
+  if (name.empty()) return {world <= usable_cores() ? kSpinBeforeYield : std::chrono::microseconds(0), kYieldBeforeSleep};
+  if (name == "spin") return {kSpinWhenCoresSuffice, {}};
+  if (name == "yield") return {{}, kYieldBeforeSleep};
+  if (name == "sleep") return {};
   throw std::invalid_argument(detail::concat("ringreduce: ", kWaitEnv, "='", name,
                                              "' is not a wait strategy; unset it or set spin, yield or sleep"));
 }
@@ -213,10 +216,7 @@ struct ShmTransport::Segment {
 ShmTransport::ShmTransport(Rendezvous& rendezvous, int rank, int world, std::chrono::milliseconds timeout)
     : rank_(rank), world_(world), timeout_(timeout), segments_(world), sends_(world), recvs_(world) {
   RR_CHECK(world >= 1 && world < (1 << 15) && rank >= 0 && rank < world, "bad shm rank ", rank, " of ", world);
-  wait_ = wait_strategy(world);
-  busy_ = wait_ == WaitStrategy::Spin    ? std::chrono::nanoseconds(kSpinWhenCoresSuffice)
-          : wait_ == WaitStrategy::Yield ? std::chrono::nanoseconds(kYieldBeforeSleep)
-                                         : std::chrono::nanoseconds(0);
+  wait_ = wait_plan(world);
   remove_stale_segments();
 
   const std::string own_name = "/" + std::string(kNamePrefix) + std::to_string(::getpid()) + "-" + random_token();
@@ -425,15 +425,18 @@ void ShmTransport::drive(Pull pull, Done done, int peer, bool sending) {
 void ShmTransport::idle(std::uint32_t doorbell_seen, const std::atomic<std::uint64_t>* watch, std::uint64_t watch_seen,
                         std::chrono::steady_clock::time_point deadline, const char* doing, int peer) {
   Header* own = segments_[rank_]->header();
-  const auto busy_until = std::chrono::steady_clock::now() + busy_;
-  while (std::chrono::steady_clock::now() < busy_until) {
-    if (watch->load(std::memory_order_acquire) != watch_seen) return;
-    if (own->doorbell.load(std::memory_order_acquire) != doorbell_seen) return;
-    if (wait_ == WaitStrategy::Yield) {
-      ::sched_yield();
-    } else {
-      cpu_relax();
-    }
+  const auto moved = [&] {
+    return watch->load(std::memory_order_acquire) != watch_seen ||
+           own->doorbell.load(std::memory_order_acquire) != doorbell_seen;
+  };
+  const auto start = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - start < wait_.spin) {
+    if (moved()) return;
+    cpu_relax();
+  }
+  while (std::chrono::steady_clock::now() - start < wait_.spin + wait_.yield) {
+    if (moved()) return;
+    ::sched_yield();
   }
   // Nothing came while spinning: sleep until a peer rings, checking on the peers now and then.
   own->sleeping.store(1, std::memory_order_seq_cst);

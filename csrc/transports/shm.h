@@ -37,8 +37,11 @@ constexpr std::size_t kShmChannelBytes = kShmSlots * (kShmSlotHeaderBytes + kShm
 
 // How a waiting rank passes the time before it sleeps on its futex: polling (spin), handing its
 // core to another runnable process (yield), or neither (sleep at once). RINGREDUCE_WAIT names one;
-// unset, a rank spins while ranks do not outnumber the cores, and yields when they do.
-enum class WaitStrategy { Spin, Yield, Sleep };
+// unset, a rank spins briefly, then yields, then sleeps (see shm.cpp for the measured times).
+struct WaitPlan {
+  std::chrono::nanoseconds spin{0};
+  std::chrono::nanoseconds yield{0};
+};
 constexpr const char* kWaitEnv = "RINGREDUCE_WAIT";
 
 class ShmTransport final : public Transport {
@@ -110,8 +113,7 @@ class ShmTransport final : public Transport {
   int rank_;
   int world_;
   std::chrono::milliseconds timeout_;
-  WaitStrategy wait_;
-  std::chrono::nanoseconds busy_;  // how long a wait spins or yields before it sleeps
+  WaitPlan wait_;
   std::vector<std::unique_ptr<Segment>> segments_;  // by rank; segments_[rank_] is ours
   std::vector<std::deque<SendOp>> sends_;           // by destination, in posting order
   std::vector<std::deque<RecvOp>> recvs_;           // by source, in posting order

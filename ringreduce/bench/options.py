@@ -26,6 +26,8 @@ COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduc
 NATIVE_ALGORITHM = {"reduce_scatter": "ring", "all_gather": "ring", "broadcast": "ring", "reduce": "central"}
 # Trials per row; the table reports the median trial.
 DEFAULT_TRIALS = 5
+# Algorithms that run on host memory only, left out of the GPU rows.
+HOST_ONLY_ALGORITHMS = ("one_shot",)
 DESCRIPTION = "nccl-tests-style benchmark: ringreduce's collectives beside torch.distributed's."
 
 
@@ -66,7 +68,8 @@ def parse_args(argv=None):
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls before timing")
     parser.add_argument("--trials", type=int, default=DEFAULT_TRIALS, help="timed trials per row (median reported)")
     parser.add_argument("--check", type=int, choices=(0, 1), default=1, help="run the untimed correctness pass")
-    parser.add_argument("--algorithms", default="ring,central")
+    parser.add_argument("--algorithms", default="ring,central,one_shot,auto",
+                        help="all-reduce algorithms to time (one_shot: CPU rows only)")
     parser.add_argument("--transports", default=None, help="CPU transports to time (default: all in this build)")
     parser.add_argument("--no-torch", action="store_true", help="skip the torch.distributed rows")
     parser.add_argument("--unchecked", action="store_true",

@@ -79,6 +79,28 @@ def print_table(records, memcpy_GBps, out=sys.stdout):
         rows = [r for r in records if row_name(r) == name]
         out.write(f"# Avg bus bandwidth {name:<{width}} : {sum(r['busbw_GBps'] for r in rows) / len(rows):.3f} GB/s\n")
     print_ratios(records, out)
+    print_auto(records, out)
+
+
+def print_auto(records, out):
+    """Per transport, auto's time over the best fixed algorithm's at each size (1.00: auto chose it)."""
+    ours = [r for r in records if r["impl"] == "ringreduce"]
+    by_key = {(r["transport"], r["algorithm"], r["bytes"]): r["time_us"] for r in ours}
+    transports = list(dict.fromkeys(r["transport"] for r in ours if r["algorithm"] == "auto"))
+    sizes = sorted({r["bytes"] for r in ours})
+    for transport in transports:
+        fixed = [a for a in dict.fromkeys(r["algorithm"] for r in ours if r["transport"] == transport)
+                 if a in ("ring", "central", "one_shot")]
+        if not fixed:
+            continue
+        out.write(f"#\n# auto/{transport} against the best of {', '.join(fixed)} (auto's time / the best)\n"
+                  "# " + " " * 28 + "".join(f"{human_bytes(s):>9}" for s in sizes) + "\n")
+        cells = []
+        for size in sizes:
+            auto = by_key.get((transport, "auto", size))
+            best = min((by_key[(transport, a, size)] for a in fixed if (transport, a, size) in by_key), default=None)
+            cells.append(f"{auto / best:>9.2f}" if auto and best else f"{'-':>9}")
+        out.write(f"# {'auto / best':<28}" + "".join(cells) + "\n")
 
 
 def print_ratios(records, out):

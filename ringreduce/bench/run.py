@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 import ringreduce
 from ringreduce.bench import peers, report
 from ringreduce.bench.inputs import bench_inputs, collective_buffers, collective_expected, expected_result
-from ringreduce.bench.options import DTYPES, NATIVE_ALGORITHM, OPS, parse_args, size_sweep
+from ringreduce.bench.options import DTYPES, HOST_ONLY_ALGORITHMS, NATIVE_ALGORITHM, OPS, parse_args, size_sweep
 from ringreduce.bench.timing import nothing, timed_trials
 
 R = dist.ReduceOp
@@ -107,6 +107,10 @@ def gpus_for_processes(args, world) -> bool:
     return args.gpu != "off" and torch.cuda.is_available() and torch.cuda.device_count() >= world
 
 
+def device_algorithms(algorithms):
+    return [a for a in algorithms if a not in HOST_ONLY_ALGORITHMS]
+
+
 def process_rows(args, rank, world):
     """(impl, algorithm, transport, device, fn(input, output, op), setting) for every row the ranks run together."""
     collective = args.collective
@@ -134,7 +138,7 @@ def process_rows(args, rank, world):
         # One GPU per rank: ringreduce over NCCL beside torch.distributed's NCCL backend.
         torch.cuda.set_device(rank)
         nccl_group = dist.new_group(backend="nccl")
-        for algorithm in algorithms:
+        for algorithm in device_algorithms(algorithms):
             rows.append(("ringreduce", algorithm, "nccl", f"cuda:{rank}",
                          ours("nccl", algorithm if collective == "all_reduce" else None), contextlib.nullcontext))
         for label, setting in setting_variants(args):
@@ -173,7 +177,7 @@ def virtual_gpu_rows(args, world):
     NCCL refuses two ranks on one GPU, so on a single-GPU machine this is how the GPU ring runs.
     """
     dtype, op = DTYPES[args.dtype], OPS[args.op]
-    rows = [(a, a, contextlib.nullcontext) for a in args.algorithms.split(",") if a]
+    rows = [(a, a, contextlib.nullcontext) for a in device_algorithms(args.algorithms.split(",")) if a]
     rows += [(label, "ring", setting) for label, setting in setting_variants(args)]
     local = ringreduce.LocalWorld(world, device="cuda")
     records = []
