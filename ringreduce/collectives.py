@@ -34,8 +34,9 @@ def all_reduce(
         group: a ``torch.distributed`` group (None: the default group) or a ``LocalWorld`` rank.
         async_op: return a work handle (``wait()``, ``is_completed()``, ``get_future()``) instead
             of blocking. Async calls on one group complete in the order they were issued.
-        algorithm: ``"ring"`` (reduce-scatter then all-gather) or ``"central"`` (reduce at a
-            root, then broadcast).
+        algorithm: ``"ring"`` (reduce-scatter then all-gather), ``"central"`` (reduce at a
+            root, then broadcast), ``"one_shot"`` (every rank reduces every rank's buffer; CPU
+            tensors, small messages) or ``"auto"`` (chosen by size from ringreduce.tuning's table).
         transport: None chooses automatically; see ``build_info()["transports"]``.
         segment_bytes: pipeline segment size; default ``RINGREDUCE_SEGMENT_BYTES`` or the engine's.
         root: the reducing rank of the central algorithm (group rank).
