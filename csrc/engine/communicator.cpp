@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "algorithms/algorithms.h"
+#include "engine/traced_transport.h"
 
 namespace ringreduce {
 
@@ -32,13 +33,26 @@ constexpr std::size_t kScratchAlignment = 64;
 
 }  // namespace
 
+const char* algorithm_of(const CollectiveArgs& args) {
+  switch (args.collective) {
+    case Collective::AllReduce: return algorithm_name(args.algorithm);
+    case Collective::Reduce: return "central";
+    default: return "ring";  // reduce-scatter and all-gather are the ring's halves; broadcast a chain along it
+  }
+}
+
 std::size_t resolve_segment_bytes(std::size_t requested) {
   return requested > 0 ? requested : positive_from_env(kSegmentBytesEnv, "262144");
 }
 
 Communicator::Communicator(std::unique_ptr<Transport> transport, ReducerFactory make_reducer,
                            std::unique_ptr<StreamContext> stream)
-    : stream_(std::move(stream)), transport_(std::move(transport)), make_reducer_(std::move(make_reducer)) {}
+    : stream_(std::move(stream)),
+      trace_(TraceRecorder::from_env(transport->rank(), transport->size(), transport->name())),
+      transport_(std::move(transport)),
+      make_reducer_(std::move(make_reducer)) {
+  if (trace_) transport_ = std::make_unique<TracedTransport>(std::move(transport_), *trace_);
+}
 
 const Reducer& Communicator::reducer(DType dtype, ReduceOp op) {
   std::unique_ptr<Reducer>& slot = reducers_[static_cast<int>(dtype)][static_cast<int>(op)];
@@ -89,6 +103,7 @@ void Communicator::run(const CollectiveArgs& args) {
   header.lanes = static_cast<std::uint8_t>(lanes);
   header.collective = static_cast<std::uint8_t>(args.collective);
   const std::size_t chunk = args.numel / static_cast<std::size_t>(size());
+  const std::int64_t traced_from = trace_ ? trace_clock_ns() : 0;
   try {
     const char* check = std::getenv(kCheckCallsEnv);
     transport_->begin_collective(header, check == nullptr || std::string(check) != "0");
@@ -127,6 +142,18 @@ void Communicator::run(const CollectiveArgs& args) {
       }
     }
     transport_->end_collective();
+    if (trace_) {
+      TraceEvent event;
+      event.name = collective_name(args.collective);
+      event.begin_ns = traced_from;
+      event.end_ns = trace_clock_ns();
+      event.bytes = args.numel * reducer.element_size();
+      event.sequence = header.sequence;
+      event.algorithm = algorithm_of(args);
+      event.dtype = dtype_name(args.dtype);
+      event.op = op_name(args.op);
+      trace_->record(event);
+    }
   } catch (const MismatchError& error) {
     fail({AbortNotice::Kind::Mismatch, error.what()});
   } catch (const TimeoutError& error) {

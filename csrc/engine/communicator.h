@@ -10,6 +10,7 @@
 
 #include "core/reducer.h"
 #include "core/stream_context.h"
+#include "core/trace.h"
 #include "core/transport.h"
 #include "engine/executor.h"
 
@@ -41,6 +42,9 @@ struct CollectiveArgs {
   int root = 0;                   // central reducer and broadcast only
 };
 
+// The algorithm a call runs, by name ("ring", "central", "one_shot").
+const char* algorithm_of(const CollectiveArgs& args);
+
 class Communicator {
  public:
   using ReducerFactory = std::function<std::unique_ptr<Reducer>(DType, ReduceOp, int world)>;
@@ -70,6 +74,9 @@ class Communicator {
   [[noreturn]] void fail(AbortNotice notice);
 
   std::unique_ptr<StreamContext> stream_;
+  // Null unless RINGREDUCE_TRACE is set; then transport_ is wrapped to time every wait. Declared
+  // before the transport, so it outlives it and writes its file last.
+  std::unique_ptr<TraceRecorder> trace_;
   std::unique_ptr<Transport> transport_;
   ReducerFactory make_reducer_;
   // Reducers made so far, by dtype and op: a call reuses them instead of allocating.

@@ -12,6 +12,8 @@
 #include <thread>
 #include <vector>
 
+#include <ATen/record_function.h>
+
 #include "engine/auto_choice.h"
 #include "python/glue.h"
 
@@ -141,7 +143,42 @@ void run_call(Communicator& communicator, const StreamJoin& join, const Call& ca
 
 }  // namespace
 
+namespace {
+
+const char* profiler_range(Collective collective) {
+  switch (collective) {
+    case Collective::AllReduce: return "ringreduce:all_reduce";
+    case Collective::ReduceScatter: return "ringreduce:reduce_scatter";
+    case Collective::AllGather: return "ringreduce:all_gather";
+    case Collective::Broadcast: return "ringreduce:broadcast";
+    case Collective::Reduce: return "ringreduce:reduce";
+  }
+  return "ringreduce:collective";
+}
+
+// Opens the range on `range` when a profiler listens: the tensors as inputs, and the algorithm,
+// transport and bytes as keyword inputs (recorded with record_shapes=True).
+void open_profiler_range(at::RecordFunction& range, const Communicator& communicator, const Call& call) {
+  if (!range.needsInputs()) {
+    range.before(profiler_range(call.args.collective));
+    return;
+  }
+  const std::vector<c10::IValue> tensors(call.results.begin(), call.results.end());
+  const std::unordered_map<std::string, c10::IValue> details = {
+      {"algorithm", std::string(algorithm_of(call.args))},
+      {"transport", std::string(communicator.transport_name())},
+      {"bytes", static_cast<std::int64_t>(call.args.numel * element_size(call.args.dtype))},
+  };
+  range.before(profiler_range(call.args.collective), &tensors, &details);
+}
+
+}  // namespace
+
 c10::intrusive_ptr<c10d::Work> submit(Communicator& communicator, Call call, bool async_op) {
+  // torch.profiler shows the call as a range "ringreduce:<collective>" (all of it when it blocks,
+  // its hand-over to the worker when async), with its tensors, algorithm, transport and bytes.
+  at::RecordFunction range(at::RecordScope::USER_SCOPE);
+  if (range.isActive()) open_profiler_range(range, communicator, call);
   std::vector<at::Tensor> touched = call.results;
   for (const std::vector<Copy>* copies : {&call.before, &call.after}) {
     for (const Copy& copy : *copies) touched.insert(touched.end(), {copy.from, copy.into});
