@@ -49,6 +49,17 @@ def _collectives(rank, world):
     pieces = [torch.empty(chunk) for _ in range(world)]
     dist.all_gather(pieces, out)
     assert torch.equal(torch.cat(pieces), total), "all_gather (list)"
+    # Uneven pieces, as torch's NCCL backend allows them: rank r's piece has r + 2 elements.
+    uneven = [torch.empty(r + 2, dtype=torch.int64) for r in range(world)]
+    dist.all_gather(uneven, torch.full((rank + 2,), rank, dtype=torch.int64))
+    assert all(torch.equal(u, torch.full((r + 2,), r, dtype=torch.int64)) for r, u in enumerate(uneven)), uneven
+    contributions = [[torch.arange(r + 2, dtype=torch.float64) * (sender + 1) for r in range(world)]
+                     for sender in range(world)]
+    mine_reduced = torch.empty(rank + 2, dtype=torch.float64)
+    dist.reduce_scatter(mine_reduced, [p.clone() for p in contributions[rank]])
+    assert torch.equal(mine_reduced, sum(c[rank] for c in contributions)), "reduce_scatter (uneven list)"
+    with pytest.raises(RuntimeError, match="this rank's piece of the list"):
+        dist.all_gather([torch.empty(1) for _ in range(world)], torch.ones(5))
     objects = [None] * world
     dist.all_gather_object(objects, {"rank": rank})
     assert objects == [{"rank": r} for r in range(world)]

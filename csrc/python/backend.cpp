@@ -50,12 +50,20 @@ at::Tensor fused(const std::vector<at::Tensor>& tensors, std::vector<Copy>* back
   return buffer;
 }
 
-void require_even(const std::vector<at::Tensor>& pieces, const at::Tensor& one, const char* op) {
+// The largest of `pieces`, after checking them against torch's rules: one per rank, all of `own`'s
+// dtype and device, and this rank's piece as large as `own`. Pieces may differ in size (uneven
+// shards, as torch's NCCL backend allows); the engine then runs on pieces padded to the largest.
+std::int64_t largest_piece(const std::vector<at::Tensor>& pieces, const at::Tensor& own, int rank, const char* op) {
+  std::int64_t largest = 0;
   for (const at::Tensor& piece : pieces) {
-    TORCH_CHECK(piece.numel() == one.numel() && piece.scalar_type() == one.scalar_type(), "the ringreduce backend's ",
-                op, " needs every rank's piece the size and dtype of this rank's tensor (", one.numel(), " x ",
-                one.scalar_type(), "); for uneven pieces use a gloo group");
+    TORCH_CHECK(piece.scalar_type() == own.scalar_type() && piece.device() == own.device(), "the ringreduce backend's ",
+                op, " needs every piece of the list of this rank's tensor's dtype and device (", own.scalar_type(),
+                " on ", own.device(), "), got ", piece.scalar_type(), " on ", piece.device());
+    largest = std::max(largest, piece.numel());
   }
+  TORCH_CHECK(pieces[rank].numel() == own.numel(), "the ringreduce backend's ", op, ": this rank's piece of the list (",
+              pieces[rank].numel(), " elements) must be as large as its own tensor (", own.numel(), ")");
+  return largest;
 }
 
 }  // namespace
@@ -163,13 +171,16 @@ c10::intrusive_ptr<c10d::Work> RingReduceBackend::allgather(std::vector<std::vec
   const at::Tensor input = single(inputs, "allgather");
   TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == getSize(),
               "allgather needs one list of ", getSize(), " output tensors");
-  require_even(outputs[0], input, "allgather");
+  const std::int64_t piece = largest_piece(outputs[0], input, getRank(), "allgather");
   Communicator& comm = communicator(input);
-  const at::Tensor buffer = at::empty({input.numel() * getSize()}, input.options());
-  Call call = all_gather_call(comm, buffer, input, 0);
+  // Each rank's piece sits at a stride of the largest; the padding travels but is never read.
+  const at::Tensor buffer = at::empty({piece * getSize()}, input.options());
+  Call call = all_gather_call(comm, buffer, buffer.narrow(0, getRank() * piece, piece), 0);
+  call.before = {{input.reshape({-1}), buffer.narrow(0, getRank() * piece, input.numel())}};
   call.after.clear();
   for (int r = 0; r < getSize(); ++r) {
-    call.after.push_back({buffer.narrow(0, r * input.numel(), input.numel()).view(outputs[0][r].sizes()), outputs[0][r]});
+    const at::Tensor& out = outputs[0][r];
+    call.after.push_back({buffer.narrow(0, r * piece, out.numel()).view(out.sizes()), out});
   }
   call.results = outputs[0];
   return submit(comm, std::move(call), true);
@@ -190,14 +201,21 @@ c10::intrusive_ptr<c10d::Work> RingReduceBackend::reduce_scatter(std::vector<at:
   const at::Tensor output = single(outputs, "reduce_scatter");
   TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(),
               "reduce_scatter needs one list of ", getSize(), " input tensors");
-  require_even(inputs[0], output, "reduce_scatter");
+  const std::int64_t piece = largest_piece(inputs[0], output, getRank(), "reduce_scatter");
   const ReduceOp op = engine_op(opts.reduceOp);
-  std::vector<at::Tensor> pieces;
-  for (const at::Tensor& t : inputs[0]) pieces.push_back(reducible(t, op));
-  std::vector<Copy> unused;
-  const at::Tensor input = fused(pieces, &unused);
+  const std::int64_t real = output.is_complex() ? 2 : 1;  // complex pieces are reduced as real pairs
+  // The pieces side by side at a stride of the largest, zero-padded: the padding is reduced too,
+  // but only this rank's piece, without its padding, is kept.
+  at::Tensor input = at::zeros({piece * real * getSize()}, reducible(output, op).options());
+  for (int r = 0; r < getSize(); ++r) {
+    const at::Tensor flat = reducible(inputs[0][r], op).reshape({-1});
+    input.narrow(0, r * piece * real, flat.numel()).copy_(flat);
+  }
   Communicator& comm = communicator(input);
-  Call call = reduce_scatter_call(comm, reducible(output, op), input, op, 0);
+  const at::Tensor mine = at::empty({piece * real}, input.options());
+  Call call = reduce_scatter_call(comm, mine, input, op, 0);
+  const at::Tensor out = reducible(output, op);
+  call.after.push_back({mine.narrow(0, 0, out.numel()).view(out.sizes()), out});
   call.results = {output};
   return submit(comm, std::move(call), true);
 }
