@@ -111,15 +111,16 @@ def print_ratios(records, out):
     by_key = {(row_name(r), r["bytes"]): r for r in records}
     mine = [n for n in dict.fromkeys(row_name(r) for r in records) if n.startswith("ringreduce")]
     sizes = sorted({r["bytes"] for r in records})
+    width = max(28, *(len(n) for n in mine))
     for base in baselines:
         out.write(f"#\n# speed-up over {base} (its time / ours; > 1 is faster)\n")
-        out.write("# " + " " * 28 + "".join(f"{human_bytes(s):>9}" for s in sizes) + "\n")
+        out.write("# " + " " * width + "".join(f"{human_bytes(s):>9}" for s in sizes) + "\n")
         for name in mine:
             cells = []
             for size in sizes:
                 ours, theirs = by_key.get((name, size)), by_key.get((base, size))
                 cells.append(f"{theirs['time_us'] / ours['time_us']:>9.2f}" if ours and theirs else f"{'-':>9}")
-            out.write(f"# {name:<28}" + "".join(cells) + "\n")
+            out.write(f"# {name:<{width}}" + "".join(cells) + "\n")
 
 
 def plot(records, path):

@@ -132,6 +132,10 @@ def process_rows(args, rank, world):
             for label, setting in setting_variants(args, transport):
                 rows.append(("ringreduce", label, transport, "cpu", ours(transport), setting))
         if not args.no_torch:
+            # torch.distributed's own call on a group of the ringreduce backend (all-reduce: auto).
+            backend_group = dist.new_group(backend="ringreduce")
+            rows.append(("ringreduce", "backend", "torch.distributed", "cpu",
+                         collective_call(dist, collective, group=backend_group), contextlib.nullcontext))
             rows.append(("torch.distributed", "-", dist.get_backend(), "cpu", collective_call(dist, collective),
                          contextlib.nullcontext))
     if gpus_for_processes(args, world):
