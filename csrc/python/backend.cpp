@@ -66,6 +66,12 @@ std::int64_t largest_piece(const std::vector<at::Tensor>& pieces, const at::Tens
   return largest;
 }
 
+// A call made with async_op=False runs at once on the calling thread; an async one goes to the
+// communicator's worker, as every call did before torch told backends which is which.
+c10::intrusive_ptr<c10d::Work> finish(Communicator& communicator, Call call, bool async_op) {
+  return async_op ? submit(communicator, std::move(call), true) : run_now(communicator, std::move(call));
+}
+
 }  // namespace
 
 RingReduceBackend::RingReduceBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
@@ -128,7 +134,7 @@ c10::intrusive_ptr<c10d::Work> RingReduceBackend::allreduce(std::vector<at::Tens
   Communicator& comm = communicator(tensor);
   Call call = all_reduce_call(comm, reducible(tensor, op), op, algorithm_, 0, 0);
   call.results = {tensor};
-  return submit(comm, std::move(call), true);
+  return finish(comm, std::move(call), opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
@@ -149,25 +155,25 @@ c10::intrusive_ptr<c10d::Work> RingReduceBackend::allreduce_coalesced(std::vecto
   Call call = all_reduce_call(comm, buffer, op, algorithm_, 0, 0);
   call.after = std::move(back);
   call.results = tensors;
-  return submit(comm, std::move(call), true);
+  return finish(comm, std::move(call), opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                             const c10d::BroadcastOptions& opts) {
   const at::Tensor tensor = single(tensors, "broadcast");
   Communicator& comm = communicator(tensor);
-  return submit(comm, broadcast_call(comm, tensor, static_cast<int>(opts.rootRank), 0), true);
+  return finish(comm, broadcast_call(comm, tensor, static_cast<int>(opts.rootRank), 0), opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
-                                                                  const c10d::AllgatherOptions& /*opts*/) {
+                                                                  const c10d::AllgatherOptions& opts) {
   Communicator& comm = communicator(input);
-  return submit(comm, all_gather_call(comm, output, input, 0), true);
+  return finish(comm, all_gather_call(comm, output, input, 0), opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                             std::vector<at::Tensor>& inputs,
-                                                            const c10d::AllgatherOptions& /*opts*/) {
+                                                            const c10d::AllgatherOptions& opts) {
   const at::Tensor input = single(inputs, "allgather");
   TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == getSize(),
               "allgather needs one list of ", getSize(), " output tensors");
@@ -183,7 +189,7 @@ c10::intrusive_ptr<c10d::Work> RingReduceBackend::allgather(std::vector<std::vec
     call.after.push_back({buffer.narrow(0, r * piece, out.numel()).view(out.sizes()), out});
   }
   call.results = outputs[0];
-  return submit(comm, std::move(call), true);
+  return finish(comm, std::move(call), opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
@@ -192,7 +198,7 @@ c10::intrusive_ptr<c10d::Work> RingReduceBackend::_reduce_scatter_base(at::Tenso
   Communicator& comm = communicator(input);
   Call call = reduce_scatter_call(comm, reducible(output, op), reducible(input, op), op, 0);
   call.results = {output};
-  return submit(comm, std::move(call), true);
+  return finish(comm, std::move(call), opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -217,13 +223,13 @@ c10::intrusive_ptr<c10d::Work> RingReduceBackend::reduce_scatter(std::vector<at:
   const at::Tensor out = reducible(output, op);
   call.after.push_back({mine.narrow(0, 0, out.numel()).view(out.sizes()), out});
   call.results = {output};
-  return submit(comm, std::move(call), true);
+  return finish(comm, std::move(call), opts.asyncOp);
 }
 
-c10::intrusive_ptr<c10d::Work> RingReduceBackend::barrier(const c10d::BarrierOptions& /*opts*/) {
+c10::intrusive_ptr<c10d::Work> RingReduceBackend::barrier(const c10d::BarrierOptions& opts) {
   // Every rank meets in a one-element all-reduce on the CPU communicator.
   const at::Tensor token = at::zeros({1}, at::kInt);
-  return submit(*cpu_, all_reduce_call(*cpu_, token, ReduceOp::Sum, Algorithm::Auto, 0, 0), true);
+  return finish(*cpu_, all_reduce_call(*cpu_, token, ReduceOp::Sum, Algorithm::Auto, 0, 0), opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
@@ -254,7 +260,7 @@ c10::intrusive_ptr<c10d::Work> RingReduceBackend::reduce(std::vector<at::Tensor>
   Communicator& comm = communicator(tensor);
   Call call = reduce_call(comm, reducible(tensor, op), op, static_cast<int>(opts.rootRank), 0);
   call.results = {tensor};
-  return submit(comm, std::move(call), true);
+  return finish(comm, std::move(call), opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,

@@ -7,6 +7,7 @@
 #endif
 
 #include <algorithm>
+#include <optional>
 #include <chrono>
 #include <mutex>
 #include <thread>
@@ -186,7 +187,8 @@ c10::intrusive_ptr<c10d::Work> submit(Communicator& communicator, Call call, boo
   const StreamJoin join(communicator.stream_context(), touched);
   call.args.segment_bytes = resolve_segment_bytes(call.args.segment_bytes);
   if (!async_op) {
-    py::gil_scoped_release release;
+    std::optional<py::gil_scoped_release> release;  // a c10d backend is called without the GIL
+    if (PyGILState_Check()) release.emplace();
     communicator.executor().run([&] { run_call(communicator, join, call); });
     join.release();
     return {};
@@ -206,6 +208,16 @@ c10::intrusive_ptr<c10d::Work> submit(Communicator& communicator, Call call, boo
                                   [&] { future->markCompleted(c10::IValue(results)); });
                             }
                           });
+  return c10::make_intrusive<CollectiveWork>(future);
+}
+
+c10::intrusive_ptr<c10d::Work> run_now(Communicator& communicator, Call call) {
+  const std::vector<at::Tensor> results = call.results;
+  std::vector<c10::Device> devices;
+  if (!results.empty() && results[0].is_cuda()) devices.push_back(results[0].device());
+  submit(communicator, std::move(call), false);
+  auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), devices);
+  future->markCompleted(c10::IValue(results));  // on the caller's stream, which now waits for the result
   return c10::make_intrusive<CollectiveWork>(future);
 }
 

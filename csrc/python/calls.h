@@ -46,4 +46,9 @@ Call reduce_call(Communicator& communicator, const at::Tensor& tensor, ReduceOp 
 // queues it on the communicator's worker and returns a Work whose future holds call.results.
 c10::intrusive_ptr<c10d::Work> submit(Communicator& communicator, Call call, bool async_op);
 
+// Runs the call now, as a blocking submit(), and returns a Work that is already complete: what a
+// torch.distributed backend hands back for a call made with async_op=False, which skips the
+// hand-over to the communicator's worker thread.
+c10::intrusive_ptr<c10d::Work> run_now(Communicator& communicator, Call call);
+
 }  // namespace ringreduce
