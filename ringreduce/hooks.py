@@ -69,6 +69,11 @@ def ring_hook(state, bucket) -> torch.futures.Future[torch.Tensor]:
     return _average(state, bucket, "ring")
 
 
+def auto_hook(state, bucket) -> torch.futures.Future[torch.Tensor]:
+    """Average the bucket with the algorithm the tuning table picks for its size (algorithm="auto")."""
+    return _average(state, bucket, "auto")
+
+
 def central_hook(state, bucket) -> torch.futures.Future[torch.Tensor]:
     """Average the bucket with the central reducer (group rank 0 reduces, then broadcasts)."""
     return _average(state, bucket, "central")
@@ -85,4 +90,5 @@ def ring_bf16_hook(state, bucket) -> torch.futures.Future[torch.Tensor]:
 
 
 # The hooks by the names the example and the command lines use.
-BY_NAME = {"ring": ring_hook, "central": central_hook, "ring_fp16": ring_fp16_hook, "ring_bf16": ring_bf16_hook}
+BY_NAME = {"ring": ring_hook, "central": central_hook, "auto": auto_hook, "ring_fp16": ring_fp16_hook,
+           "ring_bf16": ring_bf16_hook}

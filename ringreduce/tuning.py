@@ -87,7 +87,8 @@ def load() -> str:
         with open(path) as f:
             table = json.load(f)
     except (OSError, json.JSONDecodeError) as error:
-        raise ValueError(f"cannot read the tuning table {path} ({FILE_ENV}): {error}") from error
+        raise ValueError(f"cannot read the tuning table {path}: {error}; rewrite it with python -m ringreduce.tune, "
+                         f"delete it, or point {FILE_ENV} at another") from error
     install(validate(table, path), path)
     return path
 

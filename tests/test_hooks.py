@@ -55,7 +55,7 @@ def _train(rank, world, hook, bucket_cap_mb):
 def _parity(rank, world, bucket_cap_mb):
     runs = {name: _train(rank, world, hook, bucket_cap_mb) for name, hook in HOOKS.items()}
     _, base_grads, base_params, _ = runs["builtin"]
-    for name in ("ring", "central"):
+    for name in ("ring", "central", "auto"):
         _, grads, params, _ = runs[name]
         for g, b in zip(grads, base_grads):
             torch.testing.assert_close(g, b, rtol=1e-5, atol=1e-6 * b.abs().max().item(), msg=f"{name} first step")
