@@ -242,3 +242,13 @@ def test_the_watchdog_frees_a_stream_stalled_on_the_gpu():
     assert timeout_s <= seconds < timeout_s + 2
     t = torch.ones(4, device="cuda")  # the GPU is free again
     assert torch.equal((t + 1).cpu(), torch.full((4,), 2.0))
+
+
+def test_one_shot_is_refused_on_the_gpu_before_anything_moves_and_auto_runs_there():
+    local = ringreduce.LocalWorld(2, device="cuda")
+    tensors = [torch.full((1000,), float(r + 1), device="cuda") for r in range(2)]
+    with pytest.raises(ValueError, match="'one_shot' runs on CPU tensors only"):
+        local.all_reduce(tensors, algorithm="one_shot")
+    assert all(torch.equal(t.cpu(), torch.full((1000,), float(r + 1))) for r, t in enumerate(tensors))
+    local.all_reduce(tensors, algorithm="auto")  # the communicator is still healthy; auto picks ring here
+    assert all(torch.equal(t.cpu(), torch.full((1000,), 3.0)) for t in tensors)

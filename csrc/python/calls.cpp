@@ -272,6 +272,10 @@ Call all_reduce_call(Communicator& communicator, const at::Tensor& tensor, Reduc
                                  static_cast<std::uint64_t>(tensor.numel()) * tensor.element_size(),
                                  communicator.stream_context() == nullptr);
   }
+  if (algorithm == Algorithm::OneShot && communicator.stream_context() != nullptr) {
+    throw std::invalid_argument("ringreduce: algorithm 'one_shot' runs on CPU tensors only; use 'auto', 'ring' or "
+                                "'central' for CUDA tensors");
+  }
   if (algorithm == Algorithm::Central && (root < 0 || root >= communicator.size())) {
     throw std::invalid_argument(detail::concat("ringreduce: central root ", root, " is not a rank of this group (size ",
                                                communicator.size(), ")"));
