@@ -123,3 +123,20 @@ def test_each_collective_is_a_range_in_torch_profiler():
     assert ranges["ringreduce:all_reduce"].input_shapes[0] == [1000]
     assert ranges["ringreduce:all_reduce"].kwinputs == {"algorithm": "one_shot", "transport": "local", "bytes": 4000}
     assert ranges["ringreduce:reduce_scatter"].kwinputs["algorithm"] == "ring"
+
+
+EXITS_WITHOUT_DESTROY = """
+import sys, tempfile, torch, torch.distributed as dist, ringreduce
+dist.init_process_group("ringreduce", store=dist.FileStore(tempfile.mktemp(), 1), rank=0, world_size=1)
+dist.all_reduce(torch.ones(10))
+sys.exit(0)  # no destroy_process_group: the backend's communicator is never destroyed
+"""
+
+
+def test_a_process_that_never_destroys_its_group_still_writes_its_trace_at_exit(tmp_path):
+    done = subprocess.run([sys.executable, "-c", EXITS_WITHOUT_DESTROY], capture_output=True, text=True,
+                          timeout=TOOL_TIMEOUT_S, env={**os.environ, "RINGREDUCE_TRACE": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    (path,) = tmp_path.glob("ringreduce-shm-rank0of1-*.json")
+    calls = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("cat") == "collective"]
+    assert [c["name"] for c in calls] == ["all_reduce"] and calls[0]["args"]["bytes"] == 40

@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <mutex>
+#include <set>
 
 #include "core/common.h"
 
@@ -17,6 +19,23 @@ namespace {
 
 // Communicators traced so far in this process: part of each file's name.
 std::atomic<int> traced_communicators{0};
+
+// The recorders alive, so that those of communicators nobody destroyed (a process that exits
+// without destroy_process_group) are still written at exit. Never destroyed: exit may use it late.
+struct LiveRecorders {
+  std::mutex mutex;
+  std::set<const TraceRecorder*> recorders;
+};
+LiveRecorders& live_recorders() {
+  static LiveRecorders* live = new LiveRecorders;
+  return *live;
+}
+
+void write_live_recorders() {
+  LiveRecorders& live = live_recorders();
+  const std::lock_guard<std::mutex> lock(live.mutex);
+  for (const TraceRecorder* recorder : live.recorders) recorder->write();
+}
 
 void make_folder(const std::string& path) {
   std::string prefix;
@@ -55,9 +74,19 @@ std::unique_ptr<TraceRecorder> TraceRecorder::from_env(int rank, int world, cons
 TraceRecorder::TraceRecorder(std::string path, int rank, int world, std::string transport)
     : path_(std::move(path)), rank_(rank), world_(world), transport_(std::move(transport)) {
   events_.reserve(kTraceCapacity);
+  static const bool at_exit = std::atexit(write_live_recorders) == 0;
+  (void)at_exit;
+  LiveRecorders& live = live_recorders();
+  const std::lock_guard<std::mutex> lock(live.mutex);
+  live.recorders.insert(this);
 }
 
 TraceRecorder::~TraceRecorder() {
+  {
+    LiveRecorders& live = live_recorders();
+    const std::lock_guard<std::mutex> lock(live.mutex);
+    live.recorders.erase(this);
+  }
   try {
     write();
   } catch (...) {

@@ -36,8 +36,8 @@ struct TraceEvent {
 };
 
 // The events of one communicator. Its collectives run one at a time, so one buffer serves them
-// without a lock. The file is written when the recorder is destroyed, with its communicator
-// (ringreduce.destroy, destroy_process_group, or interpreter exit).
+// without a lock. The file is written when the recorder is destroyed with its communicator
+// (ringreduce.destroy, destroy_process_group), or at process exit if it never was.
 class TraceRecorder {
  public:
   // A recorder when RINGREDUCE_TRACE names a folder (created if missing), else null.
@@ -53,9 +53,10 @@ class TraceRecorder {
     }
   }
 
- private:
+  // Writes the file (the destructor and the exit handler call it).
   void write() const;
 
+ private:
   std::string path_;
   int rank_;
   int world_;
