@@ -25,8 +25,10 @@ void ring_all_reduce(Transport& transport, const Reducer& reducer, void* data, s
 
 // The ring's first half alone: `data` holds `world` chunks of `chunk_elems`, and rank r ends with
 // chunk r reduced over every rank (the other chunks hold partial sums). Each rank moves (N-1)/N.
+// With `input` (host memory only), the rank's input is read from there and left as it was, and
+// `data` is working memory: no copy of the whole input first.
 void ring_reduce_scatter(Transport& transport, const Reducer& reducer, void* data, std::size_t chunk_elems,
-                         std::size_t segment_bytes, std::size_t lanes);
+                         std::size_t segment_bytes, std::size_t lanes, const void* input = nullptr);
 
 // The ring's second half alone: rank r's chunk r of `data` (elements of `elem` bytes) reaches every
 // rank's chunk r. Each rank moves (N-1)/N of the buffer.

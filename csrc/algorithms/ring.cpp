@@ -1,3 +1,5 @@
+#include <cstring>
+
 #include "algorithms/algorithms.h"
 #include "algorithms/schedule.h"
 
@@ -6,9 +8,11 @@ namespace ringreduce {
 namespace {
 
 // One rank's part of a ring schedule: its sends, receives, reductions and forwards, in order.
-// `reducer` may be null when no transfer reduces (the all-gather).
+// `reducer` may be null when no transfer reduces (the all-gather). `own` (host memory only, or
+// null) holds this rank's input when it is not in `data`: its spans are sent from there, and copied
+// into `data` just before a reduction into them, while they are still in cache.
 void run_ring(Transport& transport, const Reducer* reducer, std::size_t elem, void* data,
-              const std::vector<RingTransfer>& transfers) {
+              const std::vector<RingTransfer>& transfers, const void* own = nullptr) {
   if (transfers.empty()) return;
   const int world = transport.size();
   const int rank = transport.rank();
@@ -17,6 +21,8 @@ void run_ring(Transport& transport, const Reducer* reducer, std::size_t elem, vo
   const int prev = (rank + world - 1) % world;
   char* base = static_cast<char*>(data);
   auto address = [&](const Span& span) { return base + span.offset * elem; };
+  const char* own_base = own != nullptr ? static_cast<const char*>(own) : base;
+  auto own_address = [&](const Span& span) { return own_base + span.offset * elem; };
 
   std::vector<Request> recvs(transfers.size());
   // Empty spans travel as empty messages, so every rank makes the same transfers in the same order
@@ -40,12 +46,14 @@ void run_ring(Transport& transport, const Reducer* reducer, std::size_t elem, vo
     const RingTransfer& t = transfers[k];
     transport.select_lane(t.lane);
     // A segment's step 0: push this rank's own data to the next rank. Every later send is a forward.
-    if (t.send_own) own_sends.push_back(transport.isend(next, address(t.send), t.send.count * elem));
+    if (t.send_own) own_sends.push_back(transport.isend(next, own_address(t.send), t.send.count * elem));
     // Keep the pipeline full: this receive and `ahead` more are posted.
     while (posted < transfers.size() && posted <= k + ahead) post_recv(posted++);
     transport.select_lane(t.lane);
     // Take the previous rank's span: reduce it in (reduce-scatter) or keep it (all-gather), and pass
-    // the result on to the next rank unless this is the segment's last step.
+    // the result on to the next rank unless this is the segment's last step. Reductions happen in
+    // wait(), so this rank's own span is in place in time.
+    if (own != nullptr && t.reduce) std::memcpy(address(t.recv), own_address(t.recv), t.recv.count * elem);
     transport.wait(recvs[k]);
   }
   for (Request send : own_sends) transport.wait(send);
@@ -62,11 +70,15 @@ void ring_all_reduce(Transport& transport, const Reducer& reducer, void* data, s
 }
 
 void ring_reduce_scatter(Transport& transport, const Reducer& reducer, void* data, std::size_t chunk_elems,
-                         std::size_t segment_bytes, std::size_t lanes) {
+                         std::size_t segment_bytes, std::size_t lanes, const void* input) {
   const std::size_t elem = reducer.element_size();
+  if (input != nullptr && transport.size() == 1) {  // no steps: the one chunk is the input
+    std::memcpy(data, input, chunk_elems * elem);
+    return;
+  }
   const SegmentLayout layout = chunk_layout(chunk_elems, elem, transport.size(), segment_bytes);
   run_ring(transport, &reducer, elem, data,
-           ring_schedule(layout, transport.size(), transport.rank(), lanes, RingPhases::ReduceScatter));
+           ring_schedule(layout, transport.size(), transport.rank(), lanes, RingPhases::ReduceScatter), input);
 }
 
 void ring_all_gather(Transport& transport, std::size_t elem, void* data, std::size_t chunk_elems,

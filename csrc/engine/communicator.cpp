@@ -86,6 +86,8 @@ void Communicator::run(const CollectiveArgs& args) {
   RR_CHECK(args.algorithm != Algorithm::Auto, "the algorithm must be resolved before the collective runs");
   RR_CHECK(args.algorithm != Algorithm::OneShot || stream_ == nullptr,
            "one_shot runs on host memory only; use ring or central for device tensors");
+  RR_CHECK(args.input == nullptr || (stream_ == nullptr && args.collective == Collective::ReduceScatter),
+           "a separate input is for host reduce-scatters only");
   const Reducer& reducer = this->reducer(args.dtype, args.op);
   const std::size_t wanted_lanes = positive_from_env(kLanesEnv, "1");
   const std::size_t asked_lanes = wanted_lanes > 0 ? wanted_lanes : transport_->default_lanes();
@@ -109,6 +111,7 @@ void Communicator::run(const CollectiveArgs& args) {
     transport_->begin_collective(header, check == nullptr || std::string(check) != "0");
     const bool reduces = args.collective == Collective::AllReduce || args.collective == Collective::ReduceScatter ||
                          args.collective == Collective::Reduce;
+    // (A separate input is host memory, whose reducers prepare nothing.)
     if (reduces && args.numel > 0 && size() > 1) reducer.prepare(args.data, args.numel);
     if (args.numel == 0) {
       agree_on_nothing(*transport_);
@@ -128,7 +131,7 @@ void Communicator::run(const CollectiveArgs& args) {
           }
           break;
         case Collective::ReduceScatter:
-          ring_reduce_scatter(*transport_, reducer, args.data, chunk, segment_bytes, lanes);
+          ring_reduce_scatter(*transport_, reducer, args.data, chunk, segment_bytes, lanes, args.input);
           break;
         case Collective::AllGather:
           ring_all_gather(*transport_, reducer.element_size(), args.data, chunk, segment_bytes, lanes);

@@ -40,6 +40,8 @@ struct CollectiveArgs {
   Algorithm algorithm = Algorithm::Ring;
   std::size_t segment_bytes = 0;  // 0: the transport's default
   int root = 0;                   // central reducer and broadcast only
+  // Reduce-scatter on host memory: the input, when it is not in `data` (then working memory).
+  const void* input = nullptr;
 };
 
 // The algorithm a call runs, by name ("ring", "central", "one_shot").

@@ -181,6 +181,7 @@ c10::intrusive_ptr<c10d::Work> submit(Communicator& communicator, Call call, boo
   at::RecordFunction range(at::RecordScope::USER_SCOPE);
   if (range.isActive()) open_profiler_range(range, communicator, call);
   std::vector<at::Tensor> touched = call.results;
+  touched.insert(touched.end(), call.reads.begin(), call.reads.end());
   for (const std::vector<Copy>* copies : {&call.before, &call.after}) {
     for (const Copy& copy : *copies) touched.insert(touched.end(), {copy.from, copy.into});
   }
@@ -301,12 +302,18 @@ Call reduce_scatter_call(Communicator& communicator, const at::Tensor& output, c
         "of the same dtype and device; got input ", input.numel(), " x ", input.scalar_type(), " on ", input.device(),
         " and output ", output.numel(), " x ", output.scalar_type(), " on ", output.device()));
   }
-  // The input stays as it was: the ring reduces a copy, and rank r's chunk of it is the output.
+  // The input stays as it was. On the host the ring reads it where it is and reduces into working
+  // memory; on a device it reduces a copy. Rank r's chunk of the working memory is the output.
   Call call;
   const at::Tensor buffer = scratch_like(communicator, input);
   call.args = {Collective::ReduceScatter, buffer.data_ptr(), static_cast<std::size_t>(buffer.numel()), dtype, op,
                Algorithm::Ring, segment_bytes, 0};
-  call.before = {{input, buffer}};
+  if (communicator.stream_context() == nullptr && input.is_contiguous()) {
+    call.args.input = input.data_ptr();
+    call.reads = {input};
+  } else {
+    call.before = {{input, buffer}};
+  }
   call.after = {{share(buffer, communicator.rank(), output), output}};
   call.results = {output};
   return call;

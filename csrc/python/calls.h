@@ -27,6 +27,7 @@ struct Call {
   std::vector<Copy> before;
   std::vector<Copy> after;
   std::vector<at::Tensor> results;
+  std::vector<at::Tensor> reads;  // inputs the collective reads where they are (kept alive until it ends)
 };
 
 ReduceOp checked_op(int op_code);
