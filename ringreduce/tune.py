@@ -13,7 +13,6 @@ written to ~/.cache/ringreduce/tuning.json unless -o says otherwise; ringreduce 
 
 import argparse
 import datetime
-import itertools
 import json
 import os
 import platform
@@ -81,14 +80,18 @@ def winners(times):
     return chosen
 
 
+def times_by_group(records):
+    """{(transport, world): {bytes: {algorithm: us}}}, in transport and world order."""
+    groups = {}
+    for r in sorted(records, key=lambda r: (r["transport"], r["world"])):
+        groups.setdefault((r["transport"], r["world"]), {}).setdefault(r["bytes"], {})[r["algorithm"]] = r["time_us"]
+    return groups
+
+
 def lines_from(records):
     """The table's lines: per transport and world, the chosen candidate at each size, runs merged."""
     lines = []
-    key = lambda r: (r["transport"], r["world"])  # noqa: E731
-    for (transport, world), group in itertools.groupby(sorted(records, key=key), key=key):
-        times = {}
-        for r in group:
-            times.setdefault(r["bytes"], {})[r["algorithm"]] = r["time_us"]
+    for (transport, world), times in times_by_group(records).items():
         chosen = winners(times)
         for i, (size, algorithm) in enumerate(chosen):
             if i + 1 < len(chosen) and chosen[i + 1][1] == algorithm:
@@ -101,11 +104,7 @@ def lines_from(records):
 
 def print_times(records):
     """The measured times, a table per transport and world size: what the lines were chosen from."""
-    key = lambda r: (r["transport"], r["world"])  # noqa: E731
-    for (transport, world), group in itertools.groupby(sorted(records, key=key), key=key):
-        times = {}
-        for r in group:
-            times.setdefault(r["bytes"], {})[r["algorithm"]] = r["time_us"]
+    for (transport, world), times in times_by_group(records).items():
         print(f"# {transport}, {world} ranks, float32 SUM: median us per call")
         print(f"# {'bytes':>10s}" + "".join(f"{a:>11s}" for a in CANDIDATES))
         for size in sorted(times):
