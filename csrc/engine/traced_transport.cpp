@@ -10,7 +10,6 @@ void TracedTransport::select_lane(std::size_t lane) {
 void TracedTransport::begin_collective(const CollectiveHeader& header, bool check) {
   Transport::begin_collective(header, check);
   inner_->begin_collective(header, check);
-  sequence_ = header.sequence;
 }
 
 Request TracedTransport::posted(Request request, const char* kind, int peer, std::size_t bytes) {
@@ -51,7 +50,7 @@ void TracedTransport::complete(Request request) {
   event.peer = what.peer;
   event.lane = static_cast<std::uint32_t>(what.lane);
   event.bytes = what.bytes;
-  event.sequence = sequence_;
+  event.sequence = header_.sequence;
   recorder_.record(event);
 }
 
@@ -62,7 +61,7 @@ void TracedTransport::flush() {
   event.name = "flush";
   event.begin_ns = begin;
   event.end_ns = trace_clock_ns();
-  event.sequence = sequence_;
+  event.sequence = header_.sequence;
   recorder_.record(event);
 }
 

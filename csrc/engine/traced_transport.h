@@ -49,7 +49,6 @@ class TracedTransport final : public Transport {
 
   std::unique_ptr<Transport> inner_;
   TraceRecorder& recorder_;
-  std::uint64_t sequence_ = 0;
   std::unordered_map<std::int64_t, Posted> posted_;
 };
 
