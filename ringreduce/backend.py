@@ -56,11 +56,7 @@ def _create(store, rank, size, timeout):
                                            datetime.timedelta(seconds=timeout_s))
                      if torch.cuda.is_available() and dist.is_nccl_available() else None)
 
-    def announce(what):
-        _debug.info_once(("delegated", id(cpu), what), f"backend rank {rank}/{size}: {what}")
-
-    return _C.Backend(store, rank, size, timeout_s, cpu, fallback, cuda_fallback, code,
-                      announce if _debug.enabled() else None)
+    return _C.Backend(store, rank, size, timeout_s, cpu, fallback, cuda_fallback, code, _debug.enabled())
 
 
 def register() -> None:

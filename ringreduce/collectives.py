@@ -6,7 +6,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from ringreduce import _groups
+from ringreduce import _C, _groups
 from ringreduce._checks import _OP_CODES_BY_ID, algorithm_code, check_segment_bytes, check_tensor, op_code
 from ringreduce._groups import checked_calls as _checked_calls
 from ringreduce._groups import communicator
@@ -160,5 +160,16 @@ def destroy(group=None) -> None:
     _groups.destroy(group)
 
 
-# Workers must stop while the interpreter can still run their completion callbacks.
-atexit.register(destroy)
+# At exit, workers that are still finishing a collective's completion (Python callbacks, or the
+# release of what they held) are given this long to end while Python can still run them; a
+# worker that needs the interpreter after it has begun to finalize aborts the process.
+EXIT_WAIT_FOR_WORKERS_S = 5.0
+
+
+def _at_exit():
+    # Workers must stop while the interpreter can still run their completion callbacks.
+    destroy()
+    _C.wait_until_idle(EXIT_WAIT_FOR_WORKERS_S)
+
+
+atexit.register(_at_exit)

@@ -6,8 +6,8 @@
 
 Each file holds one communicator's events: a span per collective (its algorithm, transport, bytes,
 dtype, op and sequence number) and, nested in it, a span per transfer waited for (send, recv,
-recv_reduce, forward, forward_reduce, flush) with its peer, lane and bytes. Times are CLOCK_REALTIME,
-so the ranks' files line up. The merged trace has a process per rank and a thread per lane.
+recv_reduce, forward, forward_reduce, flush) with its peer, lane and bytes. Times are CLOCK_REALTIME
+(spans measured on CLOCK_MONOTONIC), so the ranks' files line up. The merged trace has a process per rank and a thread per lane.
 """
 
 import argparse

@@ -93,9 +93,5 @@ def load() -> str:
     return path
 
 
-def _announce(sentence: str) -> None:
-    _debug.info_once(("auto", sentence), sentence)
-
-
-if _debug.enabled():
-    _C.set_auto_logger(_announce)
+# Each table line is said the first time it is chosen (C++ calls ringreduce._debug.info_once).
+_C.set_auto_logging(_debug.enabled())

@@ -1,6 +1,9 @@
 """The Python contract: argument checks, non-contiguous tensors, async handles, build info, logging."""
 
 import datetime
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -174,3 +177,25 @@ def test_build_has_cuda_and_nccl_where_the_toolchain_allows():
     assert info["cuda"] is True
     assert info["nccl"] and info["nccl"].count(".") == 2
     assert {"nccl", "shm", "pg", "local"} <= set(info["transports"])
+
+
+# A process whose ringreduce backend is never destroyed, which logs on auto's choice and on a
+# delegated op: what lives in C++ globals and in the backend outlives the interpreter.
+LOGS_AND_EXITS = """
+import sys, tempfile, torch, torch.distributed as dist, ringreduce
+dist.init_process_group("ringreduce", store=dist.FileStore(tempfile.mktemp(), 1), rank=0, world_size=1)
+dist.all_reduce(torch.ones(10))
+dist.gather(torch.ones(1), [torch.zeros(1)], dst=0)
+sys.exit(0)
+"""
+
+
+@pytest.mark.parametrize("level", ["INFO", "DEBUG"])
+@pytest.mark.parametrize("program", ["import ringreduce", LOGS_AND_EXITS], ids=["import", "backend"])
+def test_debug_logging_never_crashes_a_process_at_exit(level, program):
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "RINGREDUCE_DEBUG": level})
+    assert done.returncode == 0, done.stderr[-3000:]
+    if program == LOGS_AND_EXITS:
+        assert "ringreduce INFO auto chose" in done.stderr, done.stderr
+        assert "ringreduce INFO backend rank 0/1: gather goes to gloo" in done.stderr, done.stderr

@@ -86,15 +86,16 @@ def test_the_file_of_the_environment_is_used(tmp_path, monkeypatch):
         tuning.load()
 
 
-def test_the_logger_hears_each_line_once_with_the_reason(table):
-    heard = []
-    _C.set_auto_logger(heard.append)
+def test_debug_logging_says_each_line_once_with_the_reason(table, monkeypatch, capsys):
+    monkeypatch.setenv("RINGREDUCE_DEBUG", "INFO")
+    _C.set_auto_logging(True)
     try:
         for _ in range(3):
             choice("shm", 2, 100)
         choice("shm", 2, 1 << 30)
     finally:
-        _C.set_auto_logger(None)
+        _C.set_auto_logging(False)
+    heard = [line.split(" ringreduce INFO ", 1)[1] for line in capsys.readouterr().err.splitlines()]
     assert len(heard) == 2, heard
     assert heard[0] == ('auto chose one_shot for 100 B on shm with 2 ranks: the line "shm, 2 ranks, up to 4096 B: '
                         'one_shot" of the test table')

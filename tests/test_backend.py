@@ -1,8 +1,11 @@
 """ringreduce as a torch.distributed backend: init_process_group("ringreduce") runs torch's own
 collective calls on the engine, delegates the rest to gloo, and trains DDP like gloo does."""
 
+import datetime
 import io
+import re
 import sys
+import time
 
 import pytest
 import torch
@@ -146,3 +149,44 @@ def test_debug_info_names_each_delegated_op_once():
     for rank, log in enumerate(logs):
         assert log.count(f"backend rank {rank}/2: gather goes to gloo") == 1, log
         assert "all_reduce" not in log and "allreduce" not in log, log
+
+
+def _sparse_sum(rank, world):
+    # Rank r holds 1 at index 0 and r at index r + 1: the sum is world at 0 and r at r + 1.
+    tensor = torch.sparse_coo_tensor(torch.tensor([[0, rank + 1]]), torch.tensor([1.0, float(rank)]), (world + 1,))
+    dist.all_reduce(tensor)
+    return tensor.to_dense().numpy()
+
+
+def test_a_sparse_all_reduce_goes_to_gloo_and_gives_its_result():
+    ours = run_ranks(2, _sparse_sum, backend="ringreduce")
+    theirs = run_ranks(2, _sparse_sum, backend="gloo")
+    for mine, gloo in zip(ours, theirs):
+        assert mine.tolist() == gloo.tolist() == [2.0, 0.0, 1.0]
+
+
+BARRIER_TIMEOUT = datetime.timedelta(seconds=1)
+
+
+def _lonely_barrier(rank, world):
+    """torch's test_barrier_timeout: only rank 0 enters the barrier of a group with a 1 s timeout."""
+    group = dist.new_group(timeout=BARRIER_TIMEOUT)
+    store = dist.distributed_c10d._get_default_store()
+    if rank != 0:
+        store.wait(["barrier timed out"])  # stay alive until rank 0 has given up
+        return None
+    start = time.monotonic()
+    try:
+        dist.barrier(group)
+    except RuntimeError as error:
+        message = str(error)
+    else:
+        message = "no error"
+    store.set("barrier timed out", "1")
+    return message, time.monotonic() - start
+
+
+def test_a_barrier_that_times_out_says_so_in_torchs_words():
+    (message, elapsed), _ = run_ranks(2, _lonely_barrier, backend="ringreduce")
+    assert re.search(" (Timed out|closed|timeout) ", message), message  # torch's own test's pattern
+    assert elapsed >= BARRIER_TIMEOUT.total_seconds() - 0.1, elapsed

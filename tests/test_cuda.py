@@ -3,6 +3,8 @@ NCCL at world size 1, and stream ordering. Skipped where no GPU is visible."""
 
 import datetime
 import os
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -238,7 +240,7 @@ def test_the_watchdog_frees_a_stream_stalled_on_the_gpu():
     # A kernel waits for a flag nobody sets, as a receive waits for a sender that never comes.
     timeout_s = 1.0
     message, seconds = _C.cuda_watchdog_stall(torch.cuda.current_device(), timeout_s)
-    assert "collective #0 on a stalled stream did not finish within 1000 ms" in message
+    assert "Timed out after 1000 ms" in message and "collective #0 on a stalled stream did not finish" in message
     assert timeout_s <= seconds < timeout_s + 2
     t = torch.ones(4, device="cuda")  # the GPU is free again
     assert torch.equal((t + 1).cpu(), torch.full((4,), 2.0))
@@ -252,3 +254,44 @@ def test_one_shot_is_refused_on_the_gpu_before_anything_moves_and_auto_runs_ther
     assert all(torch.equal(t.cpu(), torch.full((1000,), float(r + 1))) for r, t in enumerate(tensors))
     local.all_reduce(tensors, algorithm="auto")  # the communicator is still healthy; auto picks ring here
     assert all(torch.equal(t.cpu(), torch.full((1000,), 3.0)) for t in tensors)
+
+
+# About half a second of GPU time (torch.cuda._sleep spins this many clock cycles, at 1.5-2 GHz).
+SLEEP_CYCLES = 1_000_000_000
+
+
+def test_work_is_completed_only_once_the_gpu_has_done_it():
+    world = ringreduce.LocalWorld(2, device="cuda")
+    tensors = [torch.ones(1 << 20, device="cuda") for _ in range(2)]
+    torch.cuda._sleep(SLEEP_CYCLES)  # the collective waits for this on the GPU, not on the host
+    works = [ringreduce.all_reduce(t, group=g, async_op=True) for t, g in zip(tensors, world.groups)]
+    for work in works:
+        work.get_future().wait()  # the host has issued everything
+    assert not any(work.is_completed() for work in works), "queued is not done"
+    torch.cuda.synchronize()
+    deadline = time.monotonic() + 10
+    while not all(work.is_completed() for work in works) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert all(work.is_completed() for work in works)
+    assert all(torch.equal(t.cpu(), torch.full((1 << 20,), 2.0)) for t in tensors)
+
+
+FREES_AFTER_DESTROY = """
+import gc, torch, ringreduce
+world = ringreduce.LocalWorld(2, device="cuda")
+tensors = [torch.ones(1 << 20, device="cuda") for _ in range(2)]
+world.all_reduce(tensors)  # records the tensors on the engine's streams
+del world
+gc.collect()  # the communicators and their device queues are gone
+del tensors   # the caching allocator records an event on every stream the tensors were used on
+torch.cuda.synchronize()
+again = ringreduce.LocalWorld(2, device="cuda")  # takes the streams back
+more = [torch.ones(10, device="cuda") for _ in range(2)]
+again.all_reduce(more)
+assert all(torch.equal(t.cpu(), torch.full((10,), 2.0)) for t in more)
+"""
+
+
+def test_tensors_freed_after_their_communicator_is_gone_are_safe():
+    done = subprocess.run([sys.executable, "-c", FREES_AFTER_DESTROY], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -15,6 +15,9 @@ WORLD = 2
 pytestmark = pytest.mark.skipif(torch.cuda.device_count() < WORLD, reason=f"needs {WORLD} CUDA GPUs")
 # The group timeout of the failure tests, and what the watchdog may take beyond it.
 TIMEOUT_S, SLACK_S = 3, 2
+# A kernel that keeps the GPU busy for about half a second (torch.cuda._sleep spins this many
+# clock cycles, at 1.5-2 GHz), so work queued behind it is still pending when the host looks.
+SLEEP_CYCLES = 1_000_000_000
 
 
 def _matrix(rank, world, lanes):
@@ -110,9 +113,19 @@ def _backend_on_cuda(rank, world):
     out = torch.empty(world, device="cuda")
     torch.distributed.all_to_all_single(out, torch.full((world,), float(rank), device="cuda"))
     assert torch.equal(out.cpu(), torch.arange(float(world)))
-    ringreduce.destroy()
+    # barrier() covers the GPU communicator: once it returns, an all-reduce queued behind a long
+    # kernel has finished on the GPU, and its Work says so.
+    torch.cuda._sleep(SLEEP_CYCLES)
+    late = torch.ones(1 << 20, device="cuda")
+    work = torch.distributed.all_reduce(late, async_op=True)
+    torch.distributed.barrier()
+    assert work.is_completed(), "barrier() must wait for the GPU's collectives"
+    torch.distributed.destroy_process_group()
+    del late, t, shard, gathered  # freed after the communicator's streams are gone: no crash
+    torch.cuda.synchronize()
     return True
 
 
 def test_the_backend_on_cuda_tensors():
+    """Rank r on cuda:r, as torchrun programs do: the ranks must meet on one NCCL communicator."""
     assert run_ranks(WORLD, _backend_on_cuda, backend="ringreduce") == [True] * WORLD

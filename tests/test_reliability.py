@@ -180,3 +180,33 @@ def test_a_cpu_tensor_is_refused_by_a_gpu_transport_and_left_untouched():
     with pytest.raises(ValueError, match="LocalWorld group uses transport 'local'"):
         ringreduce.all_reduce(tensor, group=world.group(0), transport="nccl")
     assert torch.equal(tensor, torch.arange(4.0))
+
+
+# How long a sleeping shm rank may take to hear of a peer's abort: a futex wake-up and a few
+# checks, against the 100 ms liveness poll it used to wait out.
+ABORT_REACHES_A_SLEEPER_S = 0.03
+# Long enough for rank 1 to be asleep in its wait (it spins and yields for about 1 ms first).
+SLEEPER_HEAD_START_S = 0.3
+
+
+def _abort_while_asleep(rank, world):
+    """Rank 1 calls first and falls asleep waiting for rank 0; rank 2 then calls with another size,
+    finds the disagreement in rank 1's first piece and aborts; rank 0 comes last. Returns when the
+    rank's MismatchError came, per trial."""
+    raised_at = []
+    for trial in range(3):
+        time.sleep({0: 2 * SLEEPER_HEAD_START_S, 1: 0.0, 2: SLEEPER_HEAD_START_S}[rank])
+        numel = 999 if rank == 2 else 1000
+        try:
+            ringreduce.all_reduce(torch.ones(numel), algorithm="ring", transport="shm")
+        except ringreduce.MismatchError:
+            raised_at.append(time.time())
+        ringreduce.destroy()
+    return raised_at
+
+
+def test_an_abort_reaches_a_sleeping_shm_peer_within_milliseconds():
+    times = run_ranks(3, _abort_while_asleep, env={"RINGREDUCE_TIMEOUT": GENEROUS_TIMEOUT_S})
+    assert all(len(t) == 3 for t in times), times
+    lags = sorted(times[1][trial] - times[2][trial] for trial in range(3))
+    assert lags[1] < ABORT_REACHES_A_SLEEPER_S, lags

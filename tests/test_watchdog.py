@@ -58,13 +58,13 @@ def test_a_late_collective_fails_with_a_timeout_that_names_it(issued):
     elapsed = wait_until(lambda: raises_now(probe), timeout_s + SLACK_S)
     assert elapsed is not None, "the watchdog never fired"
     assert time.monotonic() - start >= timeout_s, "it fired before the timeout"
-    with pytest.raises(ringreduce.CommTimeoutError, match=r"collective #7\) did not finish within 300 ms"):
+    with pytest.raises(ringreduce.CommTimeoutError, match=r"Timed out after 300 ms: .*collective #7\) did not finish"):
         probe.check()
     assert probe.aborts == 1
     # Every later call keeps raising the same error; the abort is not repeated.
     with pytest.raises(ringreduce.CommTimeoutError, match="collective #7"):
         probe.check()
-    assert probe.abort("a later failure on the host").startswith("ringreduce: nccl rank 1")
+    assert probe.abort("a later failure on the host").startswith("ringreduce: Timed out after 300 ms: nccl rank 1")
     assert probe.aborts == 1
 
 

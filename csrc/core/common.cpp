@@ -82,6 +82,10 @@ void throw_mismatch(int rank, const CollectiveHeader& mine, int peer, const Coll
       "collective, numel, dtype, op and algorithm (and root, segment size and RINGREDUCE_LANES); recreate the group's communicators with ringreduce.destroy(group)"));
 }
 
+std::string timed_out_after(std::chrono::milliseconds timeout) {
+  return detail::concat("ringreduce: Timed out after ", timeout.count(), " ms: ");
+}
+
 void AbortNotice::raise() const {
   switch (kind) {
     case Kind::Mismatch: throw MismatchError(message);

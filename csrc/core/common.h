@@ -1,6 +1,7 @@
 // Types and error helpers shared by the whole engine. No torch, no CUDA.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <sstream>
@@ -43,6 +44,10 @@ class TimeoutError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+// "ringreduce: Timed out after 1000 ms: ", the start of every timeout's message: the words of
+// torch's own backends, which programs (and torch's tests) look for.
+std::string timed_out_after(std::chrono::milliseconds timeout);
 
 // Raised on every rank when the ranks of a group disagree on a collective.
 class MismatchError : public std::runtime_error {

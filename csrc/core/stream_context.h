@@ -1,6 +1,7 @@
 // The stream contract of a GPU communicator, without CUDA types (cuda/device_queue.h implements it).
 #pragma once
 
+#include <functional>
 #include <memory>
 
 namespace ringreduce {
@@ -17,6 +18,11 @@ class StreamContext {
   virtual void wait(const std::shared_ptr<void>& marker) = 0;
   // The caller's later work on `stream` waits for everything queued on ours so far.
   virtual void release_to(void* stream) = 0;
+  // Tells whether the device has done everything queued on our stream so far. It holds what it
+  // needs (an event), so it may outlive the communicator.
+  virtual std::function<bool()> done_probe() = 0;
+  // Blocks the host until the device has done everything queued on our stream so far.
+  virtual void synchronize() = 0;
 };
 
 }  // namespace ringreduce

@@ -49,17 +49,27 @@ void make_folder(const std::string& path) {
   }
 }
 
-// Chrome's trace format counts microseconds; the fraction keeps the nanoseconds.
+std::int64_t clock_ns(clockid_t clock) {
+  timespec now{};
+  ::clock_gettime(clock, &now);
+  return static_cast<std::int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
+}
+
 void write_time(std::FILE* out, const char* key, std::int64_t ns) {
-  std::fprintf(out, "\"%s\":%" PRId64 ".%03d", key, ns / 1000, static_cast<int>(ns % 1000));
+  std::fprintf(out, "\"%s\":%s", key, trace_microseconds(ns).c_str());
 }
 
 }  // namespace
 
-std::int64_t trace_clock_ns() {
-  timespec now{};
-  ::clock_gettime(CLOCK_REALTIME, &now);
-  return static_cast<std::int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
+std::int64_t trace_clock_ns() { return clock_ns(CLOCK_MONOTONIC); }
+
+std::string trace_microseconds(std::int64_t ns) {
+  // The sign goes in front of the whole number, and the fraction keeps the nanoseconds.
+  const std::uint64_t magnitude = ns < 0 ? 0 - static_cast<std::uint64_t>(ns) : static_cast<std::uint64_t>(ns);
+  char text[32];
+  std::snprintf(text, sizeof text, "%s%" PRIu64 ".%03u", ns < 0 ? "-" : "", magnitude / 1000,
+                static_cast<unsigned>(magnitude % 1000));
+  return text;
 }
 
 std::unique_ptr<TraceRecorder> TraceRecorder::from_env(int rank, int world, const std::string& transport) {
@@ -72,7 +82,12 @@ std::unique_ptr<TraceRecorder> TraceRecorder::from_env(int rank, int world, cons
 }
 
 TraceRecorder::TraceRecorder(std::string path, int rank, int world, std::string transport)
-    : path_(std::move(path)), rank_(rank), world_(world), transport_(std::move(transport)) {
+    : path_(std::move(path)),
+      rank_(rank),
+      world_(world),
+      transport_(std::move(transport)),
+      realtime_anchor_ns_(clock_ns(CLOCK_REALTIME)),
+      monotonic_anchor_ns_(trace_clock_ns()) {
   events_.reserve(kTraceCapacity);
   static const bool at_exit = std::atexit(write_live_recorders) == 0;
   (void)at_exit;
@@ -98,13 +113,17 @@ void TraceRecorder::write() const {
   std::FILE* out = std::fopen(path_.c_str(), "w");
   if (out == nullptr) return;
   // One process per rank, one thread per lane: what `python -m ringreduce.trace merge` keeps.
+  // Only the events whole when the count is read: a collective may still be recording (at exit).
+  const std::size_t count = count_.load(std::memory_order_acquire);
   std::fprintf(out, "{\"otherData\":{\"rank\":%d,\"world\":%d,\"transport\":\"%s\",\"clock\":\"CLOCK_REALTIME\","
-               "\"dropped_events\":%" PRIu64 "},\n\"traceEvents\":[\n", rank_, world_, transport_.c_str(), dropped_);
+               "\"dropped_events\":%" PRIu64 "},\n\"traceEvents\":[\n", rank_, world_, transport_.c_str(),
+               dropped_.load(std::memory_order_relaxed));
   std::fprintf(out, "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}", rank_, rank_);
-  for (const TraceEvent& e : events_) {
+  for (std::size_t i = 0; i < count; ++i) {
+    const TraceEvent& e = events_.data()[i];
     std::fprintf(out, ",\n{\"ph\":\"X\",\"pid\":%d,\"tid\":%u,\"name\":\"%s\",\"cat\":\"%s\",", rank_, e.lane, e.name,
                  e.algorithm != nullptr ? "collective" : "transfer");
-    write_time(out, "ts", e.begin_ns);
+    write_time(out, "ts", realtime_anchor_ns_ + (e.begin_ns - monotonic_anchor_ns_));
     std::fputc(',', out);
     write_time(out, "dur", e.end_ns - e.begin_ns);
     std::fprintf(out, ",\"args\":{\"bytes\":%" PRIu64 ",\"sequence\":%" PRIu64, e.bytes, e.sequence);

@@ -3,6 +3,7 @@
 // nothing is recorded and nothing is wrapped.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -16,9 +17,13 @@ constexpr const char* kTraceEnv = "RINGREDUCE_TRACE";
 // when tracing is on. A 4-rank ring all-reduce of 64 MiB in 256 KiB segments records about 1,600.
 constexpr std::size_t kTraceCapacity = 1 << 18;
 
-// Nanoseconds on CLOCK_REALTIME: the clock the ranks of one host share (and hosts share as far as
-// NTP keeps them), so the files of all ranks line up when merged.
+// Nanoseconds on CLOCK_MONOTONIC, which never steps back: the clock every span is timed on. Each
+// file places them on CLOCK_REALTIME through one pair of readings taken when its recorder starts,
+// so the files of all ranks line up when merged (as far as NTP keeps hosts together).
 std::int64_t trace_clock_ns();
+
+// `ns` as the microseconds of Chrome's trace format, e.g. "-1.500" for -1500 ns.
+std::string trace_microseconds(std::int64_t ns);
 
 // One timed span. Transfers name what was waited for ("send", "recv", "recv_reduce", "forward",
 // "forward_reduce", "flush"); collectives name the collective and carry their call.
@@ -36,8 +41,10 @@ struct TraceEvent {
 };
 
 // The events of one communicator. Its collectives run one at a time, so one buffer serves them
-// without a lock. The file is written when the recorder is destroyed with its communicator
-// (ringreduce.destroy, destroy_process_group), or at process exit if it never was.
+// without a lock; each event is published by a count that a writer reads first, so a file written
+// at process exit while a collective still records holds only whole events. The file is written
+// when the recorder is destroyed with its communicator (ringreduce.destroy, destroy_process_group),
+// or at process exit if it never was.
 class TraceRecorder {
  public:
   // A recorder when RINGREDUCE_TRACE names a folder (created if missing), else null.
@@ -46,10 +53,12 @@ class TraceRecorder {
   ~TraceRecorder();
 
   void record(const TraceEvent& event) {
-    if (events_.size() < kTraceCapacity) {
-      events_.push_back(event);
+    const std::size_t count = count_.load(std::memory_order_relaxed);
+    if (count < kTraceCapacity) {
+      events_.push_back(event);  // within the reserved capacity: the storage never moves
+      count_.store(count + 1, std::memory_order_release);
     } else {
-      ++dropped_;
+      dropped_.fetch_add(1, std::memory_order_relaxed);
     }
   }
 
@@ -61,8 +70,11 @@ class TraceRecorder {
   int rank_;
   int world_;
   std::string transport_;
-  std::vector<TraceEvent> events_;
-  std::uint64_t dropped_ = 0;
+  std::int64_t realtime_anchor_ns_;   // CLOCK_REALTIME ...
+  std::int64_t monotonic_anchor_ns_;  // ... and trace_clock_ns() at the same moment
+  std::vector<TraceEvent> events_;    // reserved to kTraceCapacity
+  std::atomic<std::size_t> count_{0};  // events whole in events_
+  std::atomic<std::uint64_t> dropped_{0};
 };
 
 }  // namespace ringreduce

@@ -56,6 +56,19 @@ void Transport::wait(Request request) {
   forwarded_sends_.push_back(isend(forward.next, forward.data, forward.bytes));
 }
 
+void Transport::agree_with_every_peer() {
+  RR_CHECK(can_post_ahead(), name(), " must compare headers with every peer its own way");
+  // One round: an empty message to every peer, then one from every peer.
+  std::vector<Request> sent;
+  for (int peer = 0; peer < size(); ++peer) {
+    if (peer != rank()) sent.push_back(isend(peer, nullptr, 0));
+  }
+  for (int peer = 0; peer < size(); ++peer) {
+    if (peer != rank()) wait(irecv(peer, nullptr, 0));
+  }
+  for (Request request : sent) wait(request);
+}
+
 void Transport::flush() {
   std::vector<Request> sends;
   sends.swap(forwarded_sends_);
@@ -76,7 +89,9 @@ void MessageTransport::complete(Request request) {
   pending_reduces_.erase(it);
   // The reduction runs in the selected lane's order; only its own lane's order follows the receive.
   RR_CHECK(pending.lane == lane_, "a receive posted in lane ", pending.lane, " was waited for in lane ", lane_);
+  before_reduction();
   pending.reducer->reduce(pending.dst, pending.src, pending.bytes / pending.reducer->element_size(), pending.last);
+  after_reduction();
   free_staging_[pending.lane].push_back(std::move(pending.staging));
 }
 

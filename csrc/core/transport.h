@@ -77,6 +77,13 @@ class Transport {
     select_lane(0);
   }
 
+  // Makes every rank find out, before it returns, whether the whole group agrees on the collective
+  // begun. Called before the data of the collectives in which some ranks only send (broadcast,
+  // reduce): they would otherwise return before the rank they sent to finds the disagreement. The
+  // default exchanges an empty message with every peer, whose header the transport compares (it
+  // posts ahead: a transport that cannot overrides it).
+  virtual void agree_with_every_peer();
+
   // Wait for every send that irecv_forward() started.
   virtual void flush();
 
@@ -124,6 +131,9 @@ class MessageTransport : public Transport {
   virtual void wait_transfer(Request request) = 0;
   // Memory the transport can receive into; the default is host memory.
   virtual std::shared_ptr<void> allocate_staging(std::size_t bytes);
+  // Around each reduction complete() queues: a device transport counts its kernel (IssueWindow).
+  virtual void before_reduction() {}
+  virtual void after_reduction() {}
 
  private:
   struct Staging {

@@ -1,5 +1,7 @@
 #include "cuda/device_queue.h"
 
+#include <map>
+
 #include "cuda/cuda_check.h"
 
 namespace ringreduce {
@@ -33,22 +35,52 @@ std::shared_ptr<void> EventPool::record(cudaStream_t stream) {
   });
 }
 
+namespace {
+
+// Streams of ended queues, by device. Never destroyed, nor is the pool: static destructors run after
+// the CUDA driver may have shut down.
+struct StreamPool {
+  std::mutex mutex;
+  std::map<int, std::vector<cudaStream_t>> free;
+};
+StreamPool& stream_pool() {
+  static StreamPool* pool = new StreamPool;
+  return *pool;
+}
+
+}  // namespace
+
 DeviceQueue::DeviceQueue(int device, std::size_t lanes) : device_(device) {
   RR_CHECK(lanes >= 1, "a device queue needs at least one lane");
+  {
+    StreamPool& pool = stream_pool();
+    const std::lock_guard<std::mutex> lock(pool.mutex);
+    std::vector<cudaStream_t>& free = pool.free[device];
+    while (streams_.size() < lanes && !free.empty()) {
+      streams_.push_back(free.back());
+      free.pop_back();
+    }
+  }
   const DeviceScope on(device);
-  for (std::size_t lane = 0; lane < lanes; ++lane) {
+  while (streams_.size() < lanes) {
     cudaStream_t stream = nullptr;
     const cudaError_t made = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
     if (made != cudaSuccess) {
-      for (cudaStream_t created : streams_) cudaStreamDestroy(created);
+      give_back_streams();
       RR_CUDA_CHECK(made);
     }
     streams_.push_back(stream);
   }
 }
 
-DeviceQueue::~DeviceQueue() {
-  for (cudaStream_t stream : streams_) cudaStreamDestroy(stream);
+DeviceQueue::~DeviceQueue() { give_back_streams(); }
+
+void DeviceQueue::give_back_streams() {
+  StreamPool& pool = stream_pool();
+  const std::lock_guard<std::mutex> lock(pool.mutex);
+  std::vector<cudaStream_t>& free = pool.free[device_];
+  free.insert(free.end(), streams_.begin(), streams_.end());
+  streams_.clear();
 }
 
 void DeviceQueue::select_lane(std::size_t lane) {
@@ -83,6 +115,13 @@ void DeviceQueue::release_to(void* caller) {
   const auto event = events_.record(streams_[0]);
   RR_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(caller), static_cast<cudaEvent_t>(event.get()), 0));
 }
+
+std::function<bool()> DeviceQueue::done_probe() {
+  std::shared_ptr<void> event = events_.record(streams_[0]);
+  return [event] { return cudaEventQuery(static_cast<cudaEvent_t>(event.get())) != cudaErrorNotReady; };
+}
+
+void DeviceQueue::synchronize() { RR_CUDA_CHECK(cudaStreamSynchronize(streams_[0])); }
 
 void DeviceQueue::wait(const std::shared_ptr<void>& event) {
   if (event) RR_CUDA_CHECK(cudaStreamWaitEvent(cuda_stream(), static_cast<cudaEvent_t>(event.get()), 0));

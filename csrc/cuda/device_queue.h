@@ -47,7 +47,11 @@ class EventPool {
 // (copies, reduction kernels, NCCL calls) goes to the selected lane.
 class DeviceQueue final : public StreamContext {
  public:
-  // Engine-owned non-blocking streams on `device` (they never sync with stream 0).
+  // Engine-owned non-blocking streams on `device` (they never sync with stream 0). They are never
+  // destroyed: torch's caching allocator remembers the streams a tensor was used on (recordStream)
+  // and records an event on them when the tensor is freed, which may be long after the
+  // communicator has gone. A queue's streams go back to a process-wide pool when it ends, and the
+  // next queue on the device takes them; two live queues never share one.
   DeviceQueue(int device, std::size_t lanes);
   ~DeviceQueue();
   DeviceQueue(const DeviceQueue&) = delete;
@@ -70,9 +74,12 @@ class DeviceQueue final : public StreamContext {
   // Make the selected lane wait for an event recorded elsewhere (null: nothing to wait for).
   void wait(const std::shared_ptr<void>& event) override;
   void release_to(void* caller) override;
+  std::function<bool()> done_probe() override;
+  void synchronize() override;
 
  private:
   void fork_now();
+  void give_back_streams();
 
   int device_;
   std::vector<cudaStream_t> streams_;

@@ -16,7 +16,7 @@ namespace {
 // (tens of microseconds) per millisecond of waiting.
 constexpr std::chrono::milliseconds kArrivalPoll{1};
 
-// How often the host looks at the GPU while it is kIssueWindow exchanges ahead: short beside the
+// How often the host looks at the GPU while it is kIssueWindowOps ahead: short beside the
 // window's worth of GPU work, long beside an event query (about a microsecond).
 constexpr std::chrono::microseconds kThrottlePoll{20};
 
@@ -32,8 +32,8 @@ void await_peers(Rendezvous& rendezvous, int rank, int world, std::chrono::milli
   for (int peer = 0; peer < world; ++peer) {
     while (!rendezvous.has(detail::concat("arrived/", peer))) {
       if (std::chrono::steady_clock::now() > deadline) {
-        throw TimeoutError(detail::concat("ringreduce: nccl rank ", rank, " waited ", timeout.count(),
-                                          " ms for rank ", peer, " to create its NCCL communicator; is every rank "
+        throw TimeoutError(detail::concat(timed_out_after(timeout), "nccl rank ", rank, " waiting for rank ", peer,
+                                          " to create its NCCL communicator; is every rank "
                                           "of the group making the same call on a CUDA tensor?"));
       }
       std::this_thread::sleep_for(kArrivalPoll);
@@ -112,8 +112,23 @@ class NcclTransport::Completion final : public EventCompletion {
 
 NcclTransport::NcclTransport(std::unique_ptr<Rendezvous> notices, int rank, int world, DeviceQueue& queue,
                              DeviceAllocator allocate, std::chrono::milliseconds timeout)
-    : rank_(rank), world_(world), queue_(queue), allocate_(std::move(allocate)), timeout_(timeout),
-      notices_(std::move(notices)) {
+    : rank_(rank),
+      world_(world),
+      queue_(queue),
+      allocate_(std::move(allocate)),
+      timeout_(timeout),
+      notices_(std::move(notices)),
+      window_(
+          kIssueWindowOps,
+          [](const std::shared_ptr<void>& event) {
+            const cudaError_t state = cudaEventQuery(static_cast<cudaEvent_t>(event.get()));
+            if (state != cudaErrorNotReady) RR_CUDA_CHECK(state);
+            return state == cudaSuccess;
+          },
+          [this] {
+            if (watchdog_) watchdog_->check();
+            std::this_thread::sleep_for(kThrottlePoll);
+          }) {
   const DeviceScope on(queue.device());
   ncclUniqueId id;
   if (rank == 0) {
@@ -216,10 +231,14 @@ void NcclTransport::begin_collective(const CollectiveHeader& header, bool check_
   if (check_header && world_ > 1) {
     auto* slots = static_cast<HeaderSlots*>(slots_.get());
     const cudaStream_t stream = queue_.lane_stream(0);
+    window_.make_room(1);
     RR_CUDA_CHECK(launch_write_header(slots, header, stream));
+    window_.queued(1);
     issue({{true, (rank_ + 1) % world_, &slots->mine, sizeof(CollectiveHeader), 0},
            {false, (rank_ + world_ - 1) % world_, &slots->theirs, sizeof(CollectiveHeader), 0}});
+    window_.make_room(1);
     RR_CUDA_CHECK(launch_compare_headers(slots, report_on_device_, stream));
+    window_.queued(1);
   }
   queue_.fork_lanes();
 }
@@ -243,25 +262,12 @@ Request NcclTransport::irecv(int peer, void* data, std::size_t bytes) {
   return unissued_.hold({false, peer, data, bytes, lane_});
 }
 
-void NcclTransport::throttle() {
-  while (issued_.size() >= kIssueWindow) {
-    const cudaError_t state = cudaEventQuery(static_cast<cudaEvent_t>(issued_.front().get()));
-    if (state == cudaSuccess) {
-      issued_.pop_front();
-      continue;
-    }
-    if (state != cudaErrorNotReady) RR_CUDA_CHECK(state);
-    watchdog_->check();
-    std::this_thread::sleep_for(kThrottlePoll);
-  }
-}
-
 void NcclTransport::issue(const std::vector<HeldTransfer>& group) {
   // One NCCL group per exchange, so NCCL runs its sends and receives together. On the lane's stream
   // the group starts after the lane's earlier work (the reduction that produced what it sends), and
   // the lane's later work (the reduction of what it receives) waits for it.
   const cudaStream_t stream = queue_.lane_stream(group.front().lane);
-  throttle();
+  window_.make_room(kOpsPerExchange);
   {
     std::lock_guard<std::timed_mutex> lock(nccl_->calls);
     if (nccl_->ending && watchdog_) watchdog_->check();
@@ -277,7 +283,8 @@ void NcclTransport::issue(const std::vector<HeldTransfer>& group) {
     }
     check(ncclGroupEnd(), "ncclGroupEnd");
   }
-  issued_.push_back(queue_.events().record(stream));
+  window_.queued(kOpsPerExchange);
+  window_.mark(queue_.events().record(stream));
 }
 
 void NcclTransport::wait_transfer(Request request) {
@@ -293,7 +300,7 @@ std::shared_ptr<void> NcclTransport::allocate_staging(std::size_t bytes) {
 
 AbortNotice NcclTransport::abort_transfers(const AbortNotice& notice) {
   unissued_.clear();
-  issued_.clear();
+  window_.clear();
   // Work still queued on the lanes must stay ahead of the caller's (and of the allocator reusing
   // its tensors, recorded on the main stream). A CUDA error here is dropped: the failure being
   // reported is the one that matters.

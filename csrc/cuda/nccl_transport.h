@@ -13,7 +13,6 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -23,6 +22,7 @@
 #include "cuda/device_queue.h"
 #include "cuda/header_check.h"
 #include "transports/exchange_groups.h"
+#include "transports/issue_window.h"
 #include "transports/watchdog.h"
 
 namespace ringreduce {
@@ -32,11 +32,15 @@ namespace cuda {
 // each kernel launch (a few microseconds) is amortised over enough bytes. Not yet measured on a GPU.
 constexpr std::size_t kNcclSegmentBytes = 4 << 20;
 
-// Exchanges the host may issue ahead of the GPU. Far enough for a deep pipeline (each exchange is
-// an NCCL kernel and a reduction, microseconds of GPU time), and far below CUDA's launch queue
-// (about a thousand launches), so a stalled GPU never blocks the host inside an NCCL call, where
-// the watchdog could not abort it safely. Not yet measured on a GPU.
-constexpr std::size_t kIssueWindow = 64;
+// Stream operations (kernels, NCCL groups, events) the host may queue ahead of the GPU: about half
+// of CUDA's launch queue (about a thousand), so a stalled GPU never blocks the host inside a CUDA
+// or NCCL call, where the watchdog could not abort it safely; and deep enough for dozens of ring
+// steps of microseconds each. Counted in operations, not exchanges: the central root queues N-1
+// reductions per exchange. Not yet measured on a GPU.
+constexpr std::size_t kIssueWindowOps = 512;
+// What one exchange queues on its lane's stream: NCCL's group (an event and a wait on each side of
+// its kernel, by NCCL 2.30's enqueue code, so about four operations) and our event after it.
+constexpr std::size_t kOpsPerExchange = 5;
 
 // Device memory for staging, ordered on `stream` (the torch glue passes torch's caching allocator,
 // so staging shares the memory a training process has reserved). Freed when the pointer is dropped.
@@ -66,6 +70,10 @@ class NcclTransport final : public MessageTransport {
   // Raises what the watchdog found; sends the header to the next rank and compares the previous
   // rank's on the device (with `check`); every lane starts after what the caller queued before...
   void begin_collective(const CollectiveHeader& header, bool check) override;
+  // Nothing more: the device compares each rank's header with the previous rank's only, and empty
+  // NCCL messages carry none. A broadcast or reduce whose ranks disagree beyond their neighbours
+  // ends in the watchdog's timeout on the ranks that wait.
+  void agree_with_every_peer() override {}
   void select_lane(std::size_t lane) override;
   // ...and the caller's later work waits for every lane; the watchdog polls the collective.
   void end_collective() override;
@@ -92,9 +100,9 @@ class NcclTransport final : public MessageTransport {
     bool ended = false;
   };
   void issue(const std::vector<HeldTransfer>& group);
-  // Keeps the host within kIssueWindow exchanges of the GPU, polling (never blocking in CUDA) and
-  // raising what the watchdog finds meanwhile.
-  void throttle();
+  // One kernel launched on a lane, counted by the window.
+  void before_reduction() override { window_.make_room(1); }
+  void after_reduction() override { window_.queued(1); }
   void connect_all(const HeaderSlots* slots);
   // Ends the communicator once, on a thread of its own: ncclCommAbort, or ncclCommDestroy after
   // work that finished. Returns whether that happened within `wait`.
@@ -113,7 +121,9 @@ class NcclTransport final : public MessageTransport {
   MismatchReport* report_ = nullptr;     // mapped host memory the compare kernel writes
   MismatchReport* report_on_device_ = nullptr;
   ExchangeGroups unissued_;              // posted and not yet handed to NCCL
-  std::deque<std::shared_ptr<void>> issued_;  // an event after each exchange still on the GPU
+  // Keeps the host within kIssueWindowOps of the GPU, polling (never blocking in CUDA) and raising
+  // what the watchdog finds meanwhile.
+  IssueWindow window_;
   std::unique_ptr<Watchdog> watchdog_;   // last: its thread reads the members above
 };
 

@@ -21,7 +21,7 @@ struct AutoTable {
 
 std::mutex table_mutex;
 std::shared_ptr<const AutoTable> table = std::make_shared<AutoTable>();
-std::function<void(const std::string&)> logger;
+AutoLogger logger = nullptr;
 std::set<std::pair<std::uint64_t, std::size_t>> logged;  // (table generation, line) already announced
 
 std::string bytes_text(std::uint64_t bytes) {
@@ -38,14 +38,14 @@ void set_auto_table(std::vector<AutoRule> rules, std::string source) {
   table = std::make_shared<AutoTable>(AutoTable{std::move(rules), std::move(source), table->generation + 1});
 }
 
-void set_auto_logger(std::function<void(const std::string&)> fn) {
+void set_auto_logger(AutoLogger fn) {
   const std::lock_guard<std::mutex> lock(table_mutex);
-  logger = std::move(fn);
+  logger = fn;
 }
 
 Algorithm choose_algorithm(const std::string& transport, int world, std::uint64_t bytes, bool host_memory) {
   std::shared_ptr<const AutoTable> current;
-  std::function<void(const std::string&)> log;
+  AutoLogger log = nullptr;
   {
     const std::lock_guard<std::mutex> lock(table_mutex);
     current = table;

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -24,9 +23,11 @@ struct AutoRule {
 // Replaces the table; `source` says where it came from (a file, or the shipped defaults).
 void set_auto_table(std::vector<AutoRule> rules, std::string source);
 
-// Called with a sentence the first time each line of the table is chosen (RINGREDUCE_DEBUG=INFO);
-// an empty function turns it off.
-void set_auto_logger(std::function<void(const std::string&)> logger);
+// Hears a sentence the first time each line of the table is chosen (RINGREDUCE_DEBUG=INFO); null
+// turns it off. A plain function, never a closure: the logger lives in a global, which is destroyed
+// after the Python interpreter, so it must hold nothing of Python's.
+using AutoLogger = void (*)(const std::string& sentence);
+void set_auto_logger(AutoLogger logger);
 
 // The algorithm for `bytes` on `transport` with `world` ranks. The lines measured at the largest
 // world size not above `world` apply (the smallest measured, when all are above it); the first

@@ -107,8 +107,13 @@ void Communicator::run(const CollectiveArgs& args) {
   const std::size_t chunk = args.numel / static_cast<std::size_t>(size());
   const std::int64_t traced_from = trace_ ? trace_clock_ns() : 0;
   try {
-    const char* check = std::getenv(kCheckCallsEnv);
-    transport_->begin_collective(header, check == nullptr || std::string(check) != "0");
+    const char* check_env = std::getenv(kCheckCallsEnv);
+    const bool check = check_env == nullptr || std::string(check_env) != "0";
+    transport_->begin_collective(header, check);
+    // In a broadcast or reduce some ranks only send; they must not return before a disagreement
+    // found by the rank they send to has reached them.
+    const bool some_only_send = args.collective == Collective::Broadcast || args.collective == Collective::Reduce;
+    if (check && some_only_send && size() > 1) transport_->agree_with_every_peer();
     const bool reduces = args.collective == Collective::AllReduce || args.collective == Collective::ReduceScatter ||
                          args.collective == Collective::Reduce;
     // (A separate input is host memory, whose reducers prepare nothing.)

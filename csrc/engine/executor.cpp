@@ -1,12 +1,60 @@
 #include "engine/executor.h"
 
 #include <future>
+#include <set>
 
 namespace ringreduce {
+namespace {
 
-OrderedExecutor::OrderedExecutor() : worker_([this] { loop(); }) {}
+// How often wait_until_all_idle() looks at the executors: short beside a collective's completion.
+constexpr std::chrono::milliseconds kIdlePoll{1};
+
+// The executors alive. Never destroyed: an executor may outlive static destruction.
+struct Registry {
+  std::mutex mutex;
+  std::set<OrderedExecutor*> executors;
+};
+Registry& registry() {
+  static Registry* all = new Registry;
+  return *all;
+}
+
+}  // namespace
+
+OrderedExecutor::OrderedExecutor() {
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);  // the worker waits for its id to be known
+    worker_ = std::thread([this] { loop(); });
+    worker_id_ = worker_.get_id();
+  }
+  const std::lock_guard<std::mutex> lock(registry().mutex);
+  registry().executors.insert(this);
+}
+
+bool OrderedExecutor::wait_until_all_idle(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    {
+      const std::lock_guard<std::mutex> lock(registry().mutex);
+      bool all_idle = true;
+      for (OrderedExecutor* executor : registry().executors) all_idle = all_idle && executor->idle();
+      if (all_idle) return true;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(kIdlePoll);
+  }
+}
+
+bool OrderedExecutor::idle() {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return !busy_ && queue_.empty();
+}
 
 OrderedExecutor::~OrderedExecutor() {
+  {
+    const std::lock_guard<std::mutex> lock(registry().mutex);
+    registry().executors.erase(this);
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
@@ -48,6 +96,7 @@ void OrderedExecutor::run_queued(Job job) {
 }
 
 void OrderedExecutor::submit(Job job, Done done) {
+  if (on_worker()) return run_task(Task{std::move(job), std::move(done)});
   {
     std::lock_guard<std::mutex> lock(mutex_);
     queue_.push_back(Task{std::move(job), std::move(done)});

@@ -26,6 +26,7 @@ class TracedTransport final : public Transport {
   void select_lane(std::size_t lane) override;
   void begin_collective(const CollectiveHeader& header, bool check) override;
   void end_collective() override { inner_->end_collective(); }
+  void agree_with_every_peer() override { inner_->agree_with_every_peer(); }
   void flush() override;
 
   Request isend(int peer, const void* data, std::size_t bytes) override;

@@ -78,7 +78,7 @@ RingReduceBackend::RingReduceBackend(c10::intrusive_ptr<c10d::Store> store, int 
                                      std::chrono::milliseconds timeout, std::shared_ptr<Communicator> cpu,
                                      c10::intrusive_ptr<c10d::Backend> fallback,
                                      c10::intrusive_ptr<c10d::Backend> cuda_fallback, Algorithm algorithm,
-                                     std::function<void(const std::string&)> announce)
+                                     bool announce)
     : c10d::Backend(rank, size),
       store_(std::move(store)),
       timeout_(timeout),
@@ -86,7 +86,7 @@ RingReduceBackend::RingReduceBackend(c10::intrusive_ptr<c10d::Store> store, int 
       fallback_(std::move(fallback)),
       cuda_fallback_(std::move(cuda_fallback)),
       algorithm_(algorithm),
-      announce_(std::move(announce)) {}
+      announce_(announce) {}
 
 uint64_t RingReduceBackend::getSequenceNumberForGroup() {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -99,12 +99,12 @@ Communicator& RingReduceBackend::communicator(const at::Tensor& tensor) {
   if (!tensor.is_cuda()) return *cpu_;
 #if defined(RINGREDUCE_WITH_CUDA)
   const int device = tensor.device().index();
-  std::shared_ptr<Communicator>& gpu = gpus_[device];
-  if (!gpu) {
-    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(detail::concat("nccl/", device, "/"), store_);
-    gpu = make_nccl_communicator(*prefixed, getRank(), getSize(), device, timeout_);
+  for (const auto& [index, gpu] : gpus_) {
+    if (index == device) return *gpu;
   }
-  return *gpu;
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(detail::concat("nccl/", gpus_.size(), "/"), store_);
+  gpus_.emplace_back(device, make_nccl_communicator(*prefixed, getRank(), getSize(), device, timeout_));
+  return *gpus_.back().second;
 #else
   TORCH_CHECK(false, "this ringreduce build has no CUDA part; build it with CUDA or use cuda:nccl for CUDA tensors");
 #endif
@@ -122,7 +122,10 @@ c10d::Backend& RingReduceBackend::fallback(const std::vector<at::Tensor>& tensor
       std::lock_guard<std::mutex> lock(mutex_);
       first = announced_.insert(op).second;
     }
-    if (first) announce_(std::string(op) + (cuda ? " (CUDA) goes to nccl" : " goes to gloo"));  // takes the GIL
+    if (first) {
+      debug_info(detail::concat("backend rank ", getRank(), "/", getSize(), ": ", op,
+                                cuda ? " (CUDA) goes to nccl" : " goes to gloo"));
+    }
   }
   return target;
 }
@@ -130,6 +133,7 @@ c10d::Backend& RingReduceBackend::fallback(const std::vector<at::Tensor>& tensor
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                             const c10d::AllreduceOptions& opts) {
   const at::Tensor tensor = single(tensors, "allreduce");
+  if (tensor.is_sparse()) return allreduce_sparse(tensors, opts);  // gloo (and NCCL) reduce those
   const ReduceOp op = engine_op(opts.reduceOp);
   Communicator& comm = communicator(tensor);
   Call call = all_reduce_call(comm, reducible(tensor, op), op, algorithm_, 0, 0);
@@ -227,9 +231,28 @@ c10::intrusive_ptr<c10d::Work> RingReduceBackend::reduce_scatter(std::vector<at:
 }
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::barrier(const c10d::BarrierOptions& opts) {
-  // Every rank meets in a one-element all-reduce on the CPU communicator.
+  // Every rank meets in a one-element all-reduce on each communicator it holds. On a GPU one it runs
+  // behind the collectives already queued there, and the host waits until the GPU has done them,
+  // as torch's NCCL barrier does; then on the CPU one.
+  std::vector<std::pair<int, std::shared_ptr<Communicator>>> gpus;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    gpus = gpus_;
+  }
+  for (const auto& [device, gpu] : gpus) {
+    const at::Tensor token = at::zeros({1}, at::TensorOptions().dtype(at::kInt).device(at::kCUDA, device));
+    submit(*gpu, all_reduce_call(*gpu, token, ReduceOp::Sum, Algorithm::Ring, 0, 0), false);
+    gpu->stream_context()->synchronize();
+  }
   const at::Tensor token = at::zeros({1}, at::kInt);
   return finish(*cpu_, all_reduce_call(*cpu_, token, ReduceOp::Sum, Algorithm::Auto, 0, 0), opts.asyncOp);
+}
+
+c10::intrusive_ptr<c10d::Work> RingReduceBackend::allreduce_sparse(std::vector<at::Tensor>& tensors,
+                                                                   const c10d::AllreduceOptions& opts) {
+  c10d::Backend& target = fallback(tensors, "allreduce of a sparse tensor");
+  // gloo takes sparse tensors through allreduce; torch's NCCL through allreduce_sparse.
+  return &target == fallback_.get() ? target.allreduce(tensors, opts) : target.allreduce_sparse(tensors, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,

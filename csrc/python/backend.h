@@ -9,12 +9,12 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
-#include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "engine/communicator.h"
 
@@ -24,12 +24,11 @@ class RingReduceBackend final : public c10d::Backend {
  public:
   // `cpu` serves CPU tensors (shm or pg, chosen by the Python creator); nccl communicators for CUDA
   // tensors are made on first use through `store`. `fallback` (gloo) serves the rest on CPU
-  // tensors, `cuda_fallback` (torch's NCCL; null without CUDA) on CUDA tensors, and `announce`
-  // (when set) is told the name of each op the first time it is delegated.
+  // tensors, `cuda_fallback` (torch's NCCL; null without CUDA) on CUDA tensors. With `announce`, the
+  // first delegation of each op is said under RINGREDUCE_DEBUG=INFO.
   RingReduceBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::chrono::milliseconds timeout,
                     std::shared_ptr<Communicator> cpu, c10::intrusive_ptr<c10d::Backend> fallback,
-                    c10::intrusive_ptr<c10d::Backend> cuda_fallback, Algorithm algorithm,
-                    std::function<void(const std::string&)> announce);
+                    c10::intrusive_ptr<c10d::Backend> cuda_fallback, Algorithm algorithm, bool announce);
 
   const std::string getBackendName() const override { return "ringreduce"; }
   uint64_t getSequenceNumberForGroup() override;
@@ -52,7 +51,9 @@ class RingReduceBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
 
-  // Delegated to the fallback backend.
+  // Delegated to the fallback backend (and so are sparse tensors given to allreduce).
+  c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor>& tensors,
+                                                  const c10d::AllreduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                      std::vector<at::Tensor>& inputs,
                                                      const c10d::AllgatherOptions& opts) override;
@@ -89,10 +90,13 @@ class RingReduceBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> fallback_;
   c10::intrusive_ptr<c10d::Backend> cuda_fallback_;
   Algorithm algorithm_;
-  std::function<void(const std::string&)> announce_;
+  bool announce_;
   std::mutex mutex_;
   std::set<std::string> announced_;                   // ops already delegated once
-  std::map<int, std::shared_ptr<Communicator>> gpus_;  // by device index
+  // GPU communicators in the order they were made, with their device index. Every rank makes its
+  // k-th under the store prefix "nccl/<k>/", whatever its device, so ranks that each use their own
+  // GPU (rank r on cuda:r) meet, as torch's NCCL backend numbers its communicators.
+  std::vector<std::pair<int, std::shared_ptr<Communicator>>> gpus_;
   uint64_t sequence_ = 0;                             // collectives issued through this backend
 };
 

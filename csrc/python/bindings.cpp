@@ -7,9 +7,9 @@
 #include <chrono>
 #include <memory>
 #include <tuple>
-#include <pybind11/functional.h>
 
 #include "algorithms/schedule.h"
+#include "core/trace.h"
 #include "cpu/reducer.h"
 #include "engine/auto_choice.h"
 #include "engine/communicator.h"
@@ -18,6 +18,7 @@
 #include "python/cuda_probes.h"
 #include "python/exchange_trace.h"
 #include "python/glue.h"
+#include "python/issue_window_probe.h"
 #include "python/watchdog_probe.h"
 #include "transports/local.h"
 #include "transports/pg.h"
@@ -208,6 +209,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("central_schedule", &central_schedule_py, py::arg("numel"), py::arg("elem_size"), py::arg("segment_bytes"));
   m.def("build_info", &build_info);
   m.def(
+      "wait_until_idle",
+      [](double timeout_s) { return OrderedExecutor::wait_until_all_idle(to_millis(timeout_s)); },
+      py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>(),
+      "Waits until no communicator's worker runs or holds a job (at most `timeout_s`); whether they all went idle.");
+  m.def("trace_microseconds", &trace_microseconds, py::arg("ns"),
+        "How a trace file writes `ns` nanoseconds (Chrome's microseconds), for tests.");
+  m.def(
       "set_auto_table",
       [](const std::vector<std::tuple<std::string, int, std::uint64_t, int>>& lines, std::string source) {
         std::vector<AutoRule> rules;
@@ -222,8 +230,9 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("lines"), py::arg("source"),
       "Replaces the auto table: (transport, world, up_to_bytes, algorithm code) lines.");
-  m.def("set_auto_logger", &set_auto_logger, py::arg("logger"),
-        "`logger(sentence)` hears the first use of each auto table line; None turns it off.");
+  m.def(
+      "set_auto_logging", [](bool on) { set_auto_logger(on ? &debug_info : nullptr); }, py::arg("on"),
+      "Says the first use of each auto table line through ringreduce._debug (RINGREDUCE_DEBUG=INFO).");
   m.def(
       "choose_algorithm",
       [](const std::string& transport, int world, std::uint64_t bytes, bool host_memory) {
@@ -237,7 +246,7 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init([](c10d::Store& store, int rank, int size, double timeout_s,
                        const std::shared_ptr<Communicator>& cpu, c10d::Backend& fallback,
                        c10d::Backend* cuda_fallback, int algorithm_code,
-                       std::function<void(const std::string&)> announce) {
+                       bool announce) {
              if (algorithm_code < 0 || algorithm_code > static_cast<int>(Algorithm::Auto)) throw py::value_error("bad algorithm code");
              return c10::make_intrusive<RingReduceBackend>(c10::intrusive_ptr<c10d::Store>::reclaim_copy(&store), rank,
                                                            size, to_millis(timeout_s), cpu,
@@ -245,12 +254,13 @@ PYBIND11_MODULE(_C, m) {
                                                            cuda_fallback == nullptr
                                                                ? c10::intrusive_ptr<c10d::Backend>()
                                                                : c10::intrusive_ptr<c10d::Backend>::reclaim_copy(cuda_fallback),
-                                                           static_cast<Algorithm>(algorithm_code), std::move(announce));
+                                                           static_cast<Algorithm>(algorithm_code), announce);
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_s"), py::arg("cpu"),
-           py::arg("fallback"), py::arg("cuda_fallback"), py::arg("algorithm"), py::arg("announce") = nullptr,
-           "`cuda_fallback` (or None) serves the delegated ops on CUDA tensors; `announce(what)`, when given, "
-           "is called the first time each op goes to a fallback.");
+           py::arg("fallback"), py::arg("cuda_fallback"), py::arg("algorithm"), py::arg("announce") = false,
+           "`cuda_fallback` (or None) serves the delegated ops on CUDA tensors; with `announce`, the first "
+           "delegation of each op is said under RINGREDUCE_DEBUG=INFO.");
   bind_watchdog_probe(m);
+  bind_issue_window_probe(m);
   bind_cuda_probes(m);
 }

@@ -7,9 +7,10 @@
 #endif
 
 #include <algorithm>
-#include <optional>
 #include <chrono>
+#include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -87,6 +88,10 @@ class StreamJoin {
     work();
   }
 
+  // Tells whether the device has done the collective (call after it, on the engine's stream); null
+  // for host tensors, whose work is done when the job returns.
+  std::function<bool()> done_probe() const { return engine_ != nullptr ? engine_->done_probe() : nullptr; }
+
   std::vector<c10::Device> devices() const {
     return engine_ != nullptr ? std::vector<c10::Device>{device_} : std::vector<c10::Device>{};
   }
@@ -102,9 +107,14 @@ class StreamJoin {
 // collective's error from wait(), as a torch.distributed Work does.
 class CollectiveWork final : public c10d::Work {
  public:
-  explicit CollectiveWork(c10::intrusive_ptr<c10::ivalue::Future> future) : future_(std::move(future)) {}
+  // `device_done` is set, for a CUDA call, before the future completes.
+  CollectiveWork(c10::intrusive_ptr<c10::ivalue::Future> future, std::shared_ptr<std::function<bool()>> device_done)
+      : future_(std::move(future)), device_done_(std::move(device_done)) {}
 
-  bool isCompleted() override { return future_->completed(); }
+  // As torch's NCCL backend answers: a CUDA collective is completed once the GPU has done it, not
+  // when the host has queued it, so a caller who polls this and then reads the tensor on another
+  // stream reads the result.
+  bool isCompleted() override { return future_->completed() && (!*device_done_ || (*device_done_)()); }
   bool isSuccess() const override { return future_->hasValue(); }
   std::exception_ptr exception() const override { return future_->exception_ptr(); }
   std::vector<at::Tensor> result() override { return future_->value().toTensorVector(); }
@@ -118,8 +128,7 @@ class CollectiveWork final : public c10d::Work {
       const auto deadline = std::chrono::steady_clock::now() + timeout;
       while (!future_->completed()) {
         if (std::chrono::steady_clock::now() > deadline) {
-          throw TimeoutError(detail::concat("ringreduce: Work.wait() timed out after ", timeout.count(),
-                                            " ms; the collective is still running"));
+          throw TimeoutError(detail::concat(timed_out_after(timeout), "Work.wait(); the collective is still running"));
         }
         std::this_thread::sleep_for(kWaitPoll);
       }
@@ -130,6 +139,7 @@ class CollectiveWork final : public c10d::Work {
 
  private:
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::shared_ptr<std::function<bool()>> device_done_;
 };
 
 void run_call(Communicator& communicator, const StreamJoin& join, const Call& call) {
@@ -175,7 +185,11 @@ void open_profiler_range(at::RecordFunction& range, const Communicator& communic
 
 }  // namespace
 
-c10::intrusive_ptr<c10d::Work> submit(Communicator& communicator, Call call, bool async_op) {
+namespace {
+
+// submit(), and for a blocking call the device's answer to "done?" in `device_done`.
+c10::intrusive_ptr<c10d::Work> issue(Communicator& communicator, Call call, bool async_op,
+                                     std::function<bool()>* device_done) {
   // torch.profiler shows the call as a range "ringreduce:<collective>" (all of it when it blocks,
   // its hand-over to the worker when async), with its tensors, algorithm, transport and bytes.
   at::RecordFunction range(at::RecordScope::USER_SCOPE);
@@ -192,34 +206,49 @@ c10::intrusive_ptr<c10d::Work> submit(Communicator& communicator, Call call, boo
     if (PyGILState_Check()) release.emplace();
     communicator.executor().run([&] { run_call(communicator, join, call); });
     join.release();
+    if (device_done != nullptr) join.on_engine_stream([&] { *device_done = join.done_probe(); });
     return {};
   }
+  // Issued from a completion on the worker (a callback that makes another collective), the call
+  // runs at once on that thread; without the GIL, which ranks that are threads of this process need.
+  std::optional<py::gil_scoped_release> release;
+  if (communicator.executor().on_worker() && PyGILState_Check()) release.emplace();
   Communicator* comm = &communicator;  // outlives its jobs: its executor drains before it dies
   auto future =
       c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), join.devices());
+  auto device = std::make_shared<std::function<bool()>>();
   const std::vector<at::Tensor> results = call.results;
   comm->executor().submit([comm, join, call] { run_call(*comm, join, call); },
-                          [future, join, results](std::exception_ptr error) {
+                          [future, device, join, results](std::exception_ptr error) {
                             if (error) {
                               future->setError(error);
                             } else {
                               // A CUDA future records its events on the current stream: the
                               // engine's, where the result is.
-                              join.on_engine_stream(
-                                  [&] { future->markCompleted(c10::IValue(results)); });
+                              join.on_engine_stream([&] {
+                                *device = join.done_probe();
+                                future->markCompleted(c10::IValue(results));
+                              });
                             }
                           });
-  return c10::make_intrusive<CollectiveWork>(future);
+  return c10::make_intrusive<CollectiveWork>(future, device);
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> submit(Communicator& communicator, Call call, bool async_op) {
+  return issue(communicator, std::move(call), async_op, nullptr);
 }
 
 c10::intrusive_ptr<c10d::Work> run_now(Communicator& communicator, Call call) {
   const std::vector<at::Tensor> results = call.results;
   std::vector<c10::Device> devices;
   if (!results.empty() && results[0].is_cuda()) devices.push_back(results[0].device());
-  submit(communicator, std::move(call), false);
+  auto device = std::make_shared<std::function<bool()>>();
+  issue(communicator, std::move(call), false, device.get());
   auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), devices);
   future->markCompleted(c10::IValue(results));  // on the caller's stream, which now waits for the result
-  return c10::make_intrusive<CollectiveWork>(future);
+  return c10::make_intrusive<CollectiveWork>(future, device);
 }
 
 namespace {

@@ -1,5 +1,7 @@
 #include "python/glue.h"
 
+#include <thread>
+
 #if defined(RINGREDUCE_WITH_CUDA)
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -51,9 +53,26 @@ DType to_dtype(const at::Tensor& tensor, ReduceOp op) {
   }
 }
 
+void debug_info(const std::string& message) {
+  if (!Py_IsInitialized() || _Py_IsFinalizing()) return;  // at exit nobody is listening
+  const py::gil_scoped_acquire gil;
+  try {
+    py::module_::import("ringreduce._debug").attr("info_once")(py::make_tuple("engine", message), message);
+  } catch (const py::error_already_set&) {
+    // A log line that cannot be written must not fail the call that says it.
+  }
+}
+
 namespace {
 
 void delete_without_gil(Communicator* communicator) {
+  if (communicator->executor().on_worker()) {
+    // A job's completion dropped the last reference (a callback released the group it used): the
+    // worker cannot wait for itself to stop, so another thread deletes the communicator once the
+    // worker has finished that completion.
+    std::thread([communicator] { delete communicator; }).detach();
+    return;
+  }
   if (PyGILState_Check()) {
     py::gil_scoped_release release;
     delete communicator;

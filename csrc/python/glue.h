@@ -32,6 +32,11 @@ void require_dense(const at::Tensor& tensor);
 // has already refused other dtypes with the same kind of message.)
 DType to_dtype(const at::Tensor& tensor, ReduceOp op);
 
+// Says `message` once, through ringreduce._debug (stderr, under RINGREDUCE_DEBUG=INFO). The module
+// is looked up at each call, so the engine holds no Python object: one kept in a C++ global or a
+// backend would be released after the interpreter has gone, and crash the process at exit.
+void debug_info(const std::string& message);
+
 // The engine's rendezvous, backed by a torch.distributed store.
 class StoreRendezvous final : public Rendezvous {
  public:
@@ -55,7 +60,7 @@ class StoreRendezvous final : public Rendezvous {
 };
 
 // A communicator over `transport`, deleted without the GIL (its worker may be finishing a job whose
-// completion runs Python callbacks). Host reducers unless told otherwise; `stream` for GPU ones.
+// completion runs Python callbacks), and never on its own worker. Host reducers unless told otherwise; `stream` for GPU ones.
 std::shared_ptr<Communicator> make_communicator(std::unique_ptr<Transport> transport,
                                                Communicator::ReducerFactory make_reducer = &make_cpu_reducer,
                                                std::unique_ptr<StreamContext> stream = nullptr);

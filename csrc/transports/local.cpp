@@ -123,8 +123,8 @@ void LocalTransport::fail_waiting(const Pending& pending) {
   withdraw_sends();
   if (hub_->aborted_) hub_->first_notice().raise();
   const std::string what = pending.is_send ? "to take message " : "to send message ";
-  throw TimeoutError(detail::concat("ringreduce: local rank ", rank_, " waited ", hub_->timeout().count(),
-                                    " ms for rank ", pending.peer, " ", what, pending.sequence,
+  throw TimeoutError(detail::concat(timed_out_after(hub_->timeout()), "local rank ", rank_, " waiting for rank ",
+                                    pending.peer, " ", what, pending.sequence,
                                     "; is that rank still running the same collectives?"));
 }
 

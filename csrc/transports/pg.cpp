@@ -27,12 +27,18 @@ void ProcessGroupTransport::begin_collective(const CollectiveHeader& header, boo
   if (world_ == 1 || !check) return;
   at::Tensor outgoing = at::empty({static_cast<int64_t>(sizeof header)}, at::TensorOptions().dtype(at::kByte));
   std::memcpy(outgoing.data_ptr(), &header, sizeof header);
-  CollectiveHeader theirs;
-  const Request sent = post((rank_ + 1) % world_, outgoing.data_ptr(), sizeof header, true);
-  const Request received = post((rank_ + world_ - 1) % world_, &theirs, sizeof theirs, false);
-  wait_transfer(received);
-  wait_transfer(sent);
-  check_header((rank_ + world_ - 1) % world_, theirs);
+  std::vector<CollectiveHeader> theirs(world_);
+  std::vector<Request> sent, received;
+  for (int peer = 0; peer < world_; ++peer) {
+    if (peer == rank_) continue;
+    sent.push_back(post(peer, outgoing.data_ptr(), sizeof header, true));
+    received.push_back(post(peer, &theirs[peer], sizeof header, false));
+  }
+  for (Request request : received) wait_transfer(request);
+  for (Request request : sent) wait_transfer(request);
+  for (int peer = 0; peer < world_; ++peer) {
+    if (peer != rank_) check_header(peer, theirs[peer]);
+  }
 }
 
 Request ProcessGroupTransport::post(int peer, void* data, std::size_t bytes, bool is_send) {

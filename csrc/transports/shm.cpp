@@ -424,6 +424,9 @@ void ShmTransport::drive(Pull pull, Done done, int peer, bool sending) {
 
 void ShmTransport::idle(std::uint32_t doorbell_seen, const std::atomic<std::uint64_t>* watch, std::uint64_t watch_seen,
                         std::chrono::steady_clock::time_point deadline, const char* doing, int peer) {
+  // An aborting peer rings our doorbell, which ends the wait below: look before waiting again, so
+  // its notice arrives within microseconds instead of after a liveness poll.
+  raise_if_a_peer_aborted();
   Header* own = segments_[rank_]->header();
   const auto moved = [&] {
     return watch->load(std::memory_order_acquire) != watch_seen ||
@@ -447,10 +450,10 @@ void ShmTransport::idle(std::uint32_t doorbell_seen, const std::atomic<std::uint
   own->sleeping.store(0, std::memory_order_relaxed);
   if (own->doorbell.load(std::memory_order_acquire) != doorbell_seen) return;
 
+  raise_if_a_peer_aborted();
   for (int other = 0; other < world_; ++other) {
     if (other == rank_) continue;
     const Header* theirs = segments_[other]->header();
-    if (theirs->aborted.load(std::memory_order_acquire) != 0) group_notice().raise();
     check_waiting_header(other);
     if (theirs->pid_namespace == own->pid_namespace && process_gone(theirs->pid)) {
       fail(detail::concat("rank ", other, " (pid ", theirs->pid, ") exited while rank ", rank_, " was waiting to ",
@@ -458,9 +461,16 @@ void ShmTransport::idle(std::uint32_t doorbell_seen, const std::atomic<std::uint
     }
   }
   if (std::chrono::steady_clock::now() >= deadline) {
-    throw TimeoutError(detail::concat("ringreduce: shm rank ", rank_, " waited ", timeout_.count(), " ms to ", doing,
-                                      " rank ", peer,
+    throw TimeoutError(detail::concat(timed_out_after(timeout_), "shm rank ", rank_, " waiting to ", doing, " rank ", peer,
                                       "; is every rank running the same collectives? (RINGREDUCE_TIMEOUT sets the limit)"));
+  }
+}
+
+void ShmTransport::raise_if_a_peer_aborted() const {
+  for (int other = 0; other < world_; ++other) {
+    if (other != rank_ && segments_[other]->header()->aborted.load(std::memory_order_acquire) != 0) {
+      group_notice().raise();
+    }
   }
 }
 

@@ -105,6 +105,8 @@ class ShmTransport final : public Transport {
   bool push_all_sends();
   void ring(int peer);
   [[noreturn]] void fail(const std::string& what);
+  // Raises the group's notice if a peer has aborted.
+  void raise_if_a_peer_aborted() const;
   // Raises MismatchError if the next piece waiting from `peer` belongs to a different call.
   void check_waiting_header(int peer) const;
   // The notice of the group's first rank to abort.

@@ -87,8 +87,8 @@ bool Watchdog::poll() {
   if (!watched_.empty() && std::chrono::steady_clock::now() > watched_.front().deadline) {
     const Watched& late = watched_.front();
     fail(lock, {AbortNotice::Kind::Timeout,
-                detail::concat("ringreduce: ", late.what, " did not finish within ", timeout_.count(),
-                               " ms: a peer stopped, or made a different call. The communicator was aborted; every "
+                detail::concat(timed_out_after(timeout_), late.what,
+                               " did not finish: a peer stopped, or made a different call. The communicator was aborted; every "
                                "later call on this group raises until ringreduce.destroy(group)")});
     return false;
   }
@@ -120,8 +120,8 @@ bool Watchdog::drain() {
   if (finished && !broken_) return true;
   if (!broken_) {
     fail(lock, {AbortNotice::Kind::Timeout,
-                detail::concat("ringreduce: teardown waited ", timeout_.count(),
-                               " ms for collectives that never finished; the communicator was aborted")});
+                detail::concat(timed_out_after(timeout_),
+                               "teardown waited for collectives that never finished; the communicator was aborted")});
   }
   return false;
 }
