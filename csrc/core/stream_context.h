@@ -21,8 +21,6 @@ class StreamContext {
   // Tells whether the device has done everything queued on our stream so far. It holds what it
   // needs (an event), so it may outlive the communicator.
   virtual std::function<bool()> done_probe() = 0;
-  // Blocks the host until the device has done everything queued on our stream so far.
-  virtual void synchronize() = 0;
 };
 
 }  // namespace ringreduce

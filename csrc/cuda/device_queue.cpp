@@ -121,8 +121,6 @@ std::function<bool()> DeviceQueue::done_probe() {
   return [event] { return cudaEventQuery(static_cast<cudaEvent_t>(event.get())) != cudaErrorNotReady; };
 }
 
-void DeviceQueue::synchronize() { RR_CUDA_CHECK(cudaStreamSynchronize(streams_[0])); }
-
 void DeviceQueue::wait(const std::shared_ptr<void>& event) {
   if (event) RR_CUDA_CHECK(cudaStreamWaitEvent(cuda_stream(), static_cast<cudaEvent_t>(event.get()), 0));
 }

@@ -75,7 +75,6 @@ class DeviceQueue final : public StreamContext {
   void wait(const std::shared_ptr<void>& event) override;
   void release_to(void* caller) override;
   std::function<bool()> done_probe() override;
-  void synchronize() override;
 
  private:
   void fork_now();

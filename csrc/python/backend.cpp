@@ -3,12 +3,18 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 #include "python/calls.h"
 #include "python/glue.h"
 
 namespace ringreduce {
 namespace {
+
+// How often barrier() looks at a GPU that has not finished: short beside a barrier's round trip,
+// long beside an event query (about a microsecond).
+constexpr std::chrono::microseconds kBarrierPoll{50};
 
 ReduceOp engine_op(const c10d::ReduceOp& op) {
   switch (op.op_) {
@@ -241,8 +247,17 @@ c10::intrusive_ptr<c10d::Work> RingReduceBackend::barrier(const c10d::BarrierOpt
   }
   for (const auto& [device, gpu] : gpus) {
     const at::Tensor token = at::zeros({1}, at::TensorOptions().dtype(at::kInt).device(at::kCUDA, device));
-    submit(*gpu, all_reduce_call(*gpu, token, ReduceOp::Sum, Algorithm::Ring, 0, 0), false);
-    gpu->stream_context()->synchronize();
+    const c10::intrusive_ptr<c10d::Work> work =
+        run_now(*gpu, all_reduce_call(*gpu, token, ReduceOp::Sum, Algorithm::Ring, 0, 0));
+    // Polled, not synchronized: a GPU that never gets there ends in the group's timeout.
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    while (!work->isCompleted()) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        throw TimeoutError(detail::concat(timed_out_after(timeout_), "barrier() waiting for the collectives "
+                                          "queued on cuda:", device, " to finish"));
+      }
+      std::this_thread::sleep_for(kBarrierPoll);
+    }
   }
   const at::Tensor token = at::zeros({1}, at::kInt);
   return finish(*cpu_, all_reduce_call(*cpu_, token, ReduceOp::Sum, Algorithm::Auto, 0, 0), opts.asyncOp);
