@@ -53,8 +53,20 @@ DType to_dtype(const at::Tensor& tensor, ReduceOp op) {
   }
 }
 
+namespace {
+
+bool python_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing() != 0;  // public from Python 3.13, which drops the private name
+#else
+  return _Py_IsFinalizing() != 0;
+#endif
+}
+
+}  // namespace
+
 void debug_info(const std::string& message) {
-  if (!Py_IsInitialized() || _Py_IsFinalizing()) return;  // at exit nobody is listening
+  if (!Py_IsInitialized() || python_finalizing()) return;  // at exit nobody is listening
   const py::gil_scoped_acquire gil;
   try {
     py::module_::import("ringreduce._debug").attr("info_once")(py::make_tuple("engine", message), message);
