@@ -120,6 +120,21 @@ def cuda_plan(torch):
     return plan
 
 
+def half_precision_headers(plan):
+    """A folder with cuda_fp16.h, which the host build of the kernel bodies needs (host_kernels.cpp,
+    the simulated device): the toolkit's, else the nvidia wheels' that the CUDA build of torch brings."""
+    homes = [plan["home"]] if plan else [os.environ.get("CUDA_HOME"), DEFAULT_CUDA_HOME]
+    folders = [os.path.join(home, "include") for home in homes if home]
+    try:
+        import nvidia
+
+        for root in nvidia.__path__:  # a namespace package: nvidia/<part>/include
+            folders += sorted(glob.glob(os.path.join(root, "*", "include")))
+    except ImportError:
+        pass
+    return next((f for f in folders if os.path.exists(os.path.join(f, "cuda_fp16.h"))), None)
+
+
 def extension():
     import torch
 
@@ -134,24 +149,37 @@ def extension():
             os.environ["TORCH_CUDA_ARCH_LIST"] = DEFAULT_CUDA_ARCHS
     from torch.utils.cpp_extension import CppExtension, CUDAExtension
 
-    # Every room of csrc/ but cuda/, which only a CUDA build compiles (csrc/README.md).
-    sources = sorted(s for s in glob.glob(os.path.join("csrc", "*", "*.cpp")) if not s.startswith(os.path.join("csrc", "cuda", "")))
+    # Every room of csrc/ but cuda/. Of cuda/, the host side of the GPU path (which also runs on the
+    # simulated device) wherever cuda_fp16.h is found, and the real side of the device seam
+    # (cuda/real_*.cpp) and the kernels (*.cu) in a CUDA build only (csrc/README.md).
+    cuda_room = os.path.join("csrc", "cuda", "")
+    needs_toolkit = os.path.join("csrc", "cuda", "real_")
+    every = sorted(glob.glob(os.path.join("csrc", "*", "*.cpp")))
+    sources = [s for s in every if not s.startswith(cuda_room)]
+    gpu_path = [s for s in every if s.startswith(cuda_room) and not s.startswith(needs_toolkit)]
     defines = [("RINGREDUCE_VERSION", f'"{VERSION}"'), ("RINGREDUCE_TORCH_VERSION", f'"{torch.__version__}"')]
+    with_sim = [("RINGREDUCE_WITH_SIM", "1")]
     # -fno-trapping-math lets the compiler turn the 16-bit conversions' selects into vector code
     # (no FP exceptions are ever unmasked); hidden visibility is what pybind11 expects.
     cxx = ["-O3", "-fno-trapping-math", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fvisibility=hidden"]
     if plan is None:
-        return CppExtension("ringreduce._C", sources, include_dirs=[os.path.join(HERE, "csrc")],
-                            define_macros=defines, extra_compile_args={"cxx": cxx})
+        headers = half_precision_headers(plan)
+        if headers is None:
+            say("building without the simulated device: no cuda_fp16.h (install torch's CUDA build, which brings "
+                "it, or set CUDA_HOME to a CUDA toolkit)")
+            return CppExtension("ringreduce._C", sources, include_dirs=[os.path.join(HERE, "csrc")],
+                                define_macros=defines, extra_compile_args={"cxx": cxx})
+        return CppExtension("ringreduce._C", sources + gpu_path, include_dirs=[os.path.join(HERE, "csrc"), headers],
+                            define_macros=defines + with_sim, extra_compile_args={"cxx": cxx})
     nccl = plan["nccl"]
     say(f"building with CUDA ({plan['home']}, archs {os.environ.get('TORCH_CUDA_ARCH_LIST', 'of the visible GPUs')}) "
         f"and NCCL ({nccl['lib']})")
-    sources += sorted(glob.glob(os.path.join("csrc", "cuda", "*.cpp"))) + sorted(glob.glob(os.path.join("csrc", "cuda", "*.cu")))
+    sources += gpu_path + sorted(glob.glob(needs_toolkit + "*.cpp")) + sorted(glob.glob(os.path.join("csrc", "cuda", "*.cu")))
     return CUDAExtension(
         "ringreduce._C",
         sources,
         include_dirs=[os.path.join(HERE, "csrc"), nccl["include"]],
-        define_macros=defines + [("RINGREDUCE_WITH_CUDA", "1")],
+        define_macros=defines + with_sim + [("RINGREDUCE_WITH_CUDA", "1")],
         # The wheel ships libnccl.so.2 without a libnccl.so link (find_nccl names the file then);
         # the rpath finds it at run time.
         extra_link_args=[f"-L{nccl['lib']}", nccl["flag"], f"-Wl,-rpath,{nccl['lib']}"],

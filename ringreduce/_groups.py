@@ -11,9 +11,12 @@ import torch.distributed as dist
 
 from ringreduce import _C, _debug
 
-# Transports and the devices they serve (nccl and GPU `local` ranks only in a CUDA build).
+# Transports and the devices they serve (nccl and GPU `local` ranks only in a CUDA build). "sim" is
+# the nccl transport on the simulated device, which serves CPU tensors (csrc/cuda/sim_device.h).
 _CUDA_BUILT = _C.build_info()["cuda"]
 TRANSPORT_DEVICES = {"local": ("cpu", "cuda") if _CUDA_BUILT else ("cpu",), "pg": ("cpu",), "shm": ("cpu",)}
+if _C.build_info()["sim"]:
+    TRANSPORT_DEVICES["sim"] = ("cpu",)
 if _CUDA_BUILT:
     TRANSPORT_DEVICES["nccl"] = ("cuda",)
 
@@ -91,6 +94,10 @@ class _GroupState:
         store = self.fresh_store(transport)
         if transport == "nccl":
             return _C.nccl_communicator(store, self.rank, self.size, device.index, timeout_s)
+        if transport == "sim":
+            if not self.single_host():
+                raise ValueError("transport 'sim' (the simulated device) needs every rank of the group on one host")
+            return _C.sim_communicator(store, self.rank, self.size, timeout_s)
         if transport == "shm":
             if not self.single_host():
                 raise ValueError("transport 'shm' needs every rank of the group on one host; use 'pg' or None")
@@ -124,12 +131,14 @@ def _check_transport(name, device_type):
         )
 
 
-# (group, transport, device type) -> communicator: the per-call fast path.
+# (group, transport, device type) -> communicator: the per-call fast path. A CommunicatorSource
+# (a LocalWorld rank) holds its own communicators and is never kept here, so a LocalWorld and its
+# threads go when its user drops it.
 _resolved = {}
-# (communicator, algorithm) pairs already logged under RINGREDUCE_DEBUG=INFO.
+# (id of a communicator, algorithm) pairs already logged under RINGREDUCE_DEBUG=INFO.
 _logged = set()
 # all_reduce calls whose arguments passed every check once, for its fast path: (group, transport,
-# algorithm, dtype, device index, op code) -> (communicator, algorithm code).
+# algorithm, dtype, device index, op code) -> (communicator, algorithm code). Torch groups only.
 checked_calls = {}
 
 
@@ -137,12 +146,16 @@ def communicator(group, tensor, transport, algorithm):
     """The communicator for this call, created (collectively) on first use."""
     if group is None:
         group = _world.default_pg  # None before init_process_group: _resolve says what to do
-    key = (group, transport, tensor.get_device())  # -1 on the CPU, the GPU's index on CUDA
-    comm = _resolved.get(key)
-    if comm is None:
-        comm = _resolved[key] = _resolve(group, tensor.device, transport)
-    if (comm, algorithm) not in _logged:
-        _logged.add((comm, algorithm))
+    if isinstance(group, CommunicatorSource):
+        # A tensor off the GPU goes to the CPU communicator, which names what else is wrong with it (meta).
+        comm = group.communicator(tensor.device if tensor.is_cuda else torch.device("cpu"), transport)
+    else:
+        key = (group, transport, tensor.get_device())  # -1 on the CPU, the GPU's index on CUDA
+        comm = _resolved.get(key)
+        if comm is None:
+            comm = _resolved[key] = _resolve(group, tensor.device, transport)
+    if (id(comm), algorithm) not in _logged:
+        _logged.add((id(comm), algorithm))
         _debug.info_once((id(comm), algorithm), f"rank {comm.rank}/{comm.size}: algorithm {algorithm}, "
                                                 f"transport {comm.transport}")
     return comm

@@ -46,7 +46,8 @@ def all_reduce(
     """
     # Fast path: a call like one that passed every check before skips the checks.
     code = _OP_CODES_BY_ID.get(id(op))
-    repeatable = code is not None and type(tensor) is torch.Tensor and segment_bytes is None and root == 0
+    repeatable = (code is not None and type(tensor) is torch.Tensor and segment_bytes is None and root == 0
+                  and not isinstance(group, _groups.CommunicatorSource))
     if repeatable:
         key = (group, transport, algorithm, tensor.dtype, tensor.get_device(), code)
         known = _checked_calls.get(key)

@@ -27,10 +27,11 @@ class LocalGroup(CommunicatorSource):
         return self._world.size
 
     def communicator(self, device, transport):
-        if transport not in (None, "local"):
-            raise ValueError(f"a LocalWorld group uses transport 'local', not {transport!r}")
-        if device != self._world.device:
-            raise ValueError(f"this LocalWorld holds {self._world.device} ranks, got a tensor on {device}")
+        if transport not in (None, self._world.transport):
+            raise ValueError(f"a LocalWorld group uses transport {self._world.transport!r}, not {transport!r}")
+        if device != self._world.tensor_device:
+            raise ValueError(f"this LocalWorld holds {self._world.device} ranks, which take {self._world.tensor_device} "
+                             f"tensors; got a tensor on {device}")
         return self._world._communicators[self._rank]
 
     def __repr__(self):
@@ -42,6 +43,11 @@ class LocalWorld:
 
     With ``device="cuda"`` they are virtual ranks on one GPU, each with a stream of its own: the
     whole ring (kernels, events) runs with several ranks on a single GPU, which NCCL refuses.
+
+    With ``device="sim"`` rank r runs on simulated GPU r (csrc/cuda/sim_device.h): the GPU path's
+    own code (streams, events, kernels' bodies; with ``transport="nccl"`` the nccl transport, its
+    device header check and watchdog) runs on host threads, and the tensors are CPU tensors.
+
     Each rank has its own engine worker, so one thread can drive every rank with ``async_op``::
 
         world = ringreduce.LocalWorld(4)
@@ -49,18 +55,30 @@ class LocalWorld:
         ringreduce.all_reduce(t, group=world.group(2))   # or rank 2, from its own thread
     """
 
-    def __init__(self, world_size: int, timeout: datetime.timedelta = DEFAULT_LOCAL_TIMEOUT, device="cpu"):
+    def __init__(self, world_size: int, timeout: datetime.timedelta = DEFAULT_LOCAL_TIMEOUT, device="cpu",
+                 transport="local"):
         if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be a positive int, got {world_size!r}")
-        device = torch.device(device)
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        if device.type not in ("cpu", "cuda"):
-            raise ValueError(f"a LocalWorld holds cpu or cuda ranks, not {device}")
+        if transport not in ("local", "nccl"):
+            raise ValueError(f"a LocalWorld's transport is 'local' or 'nccl' (on device='sim'), not {transport!r}")
+        simulated = device == "sim"
+        if not simulated:
+            device = torch.device(device)
+            if device.type == "cuda" and device.index is None:
+                device = torch.device("cuda", torch.cuda.current_device())
+            if device.type not in ("cpu", "cuda"):
+                raise ValueError(f"a LocalWorld holds cpu, cuda or sim ranks, not {device}")
+        if transport == "nccl" and not simulated:
+            raise ValueError("transport 'nccl' in a LocalWorld needs device='sim': NCCL refuses several ranks on one GPU")
         self.size = world_size
         self.device = device
-        index = device.index if device.type == "cuda" else -1
-        self._communicators = _C.local_world(world_size, timeout.total_seconds(), index)
+        self.transport = transport
+        self.tensor_device = torch.device("cpu") if simulated else device
+        if simulated:
+            kind, index = ("sim_nccl" if transport == "nccl" else "sim"), -1
+        else:
+            kind, index = device.type, (device.index if device.type == "cuda" else -1)
+        self._communicators = _C.local_world(world_size, timeout.total_seconds(), kind, index)
         self.groups = [LocalGroup(self, rank) for rank in range(world_size)]
 
     def group(self, rank: int) -> LocalGroup:

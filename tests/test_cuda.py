@@ -249,7 +249,7 @@ def test_the_watchdog_frees_a_stream_stalled_on_the_gpu():
 def test_one_shot_is_refused_on_the_gpu_before_anything_moves_and_auto_runs_there():
     local = ringreduce.LocalWorld(2, device="cuda")
     tensors = [torch.full((1000,), float(r + 1), device="cuda") for r in range(2)]
-    with pytest.raises(ValueError, match="'one_shot' runs on CPU tensors only"):
+    with pytest.raises(ValueError, match="'one_shot' runs on host transports only"):
         local.all_reduce(tensors, algorithm="one_shot")
     assert all(torch.equal(t.cpu(), torch.full((1000,), float(r + 1))) for r, t in enumerate(tensors))
     local.all_reduce(tensors, algorithm="auto")  # the communicator is still healthy; auto picks ring here

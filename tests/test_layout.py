@@ -96,3 +96,18 @@ def test_no_import_circle_among_ringreduce_modules():
     for name in sorted(graph):
         if name not in state:
             visit(name)
+
+
+# Below the device seam (csrc/cuda/device_api.h): the only files of cuda/ that may include the CUDA
+# runtime or NCCL, which only a CUDA build compiles. Everything else there runs on the simulated
+# device (the half-precision types of cuda_fp16.h and cuda_bf16.h are plain host code too).
+BELOW_THE_SEAM = {"real_api.cpp", "reduce_kernels.h"}
+TOOLKIT_INCLUDE = re.compile(r'^\s*#\s*include\s+<(cuda\.h|cuda_runtime[^>]*|nccl\.h)>', re.MULTILINE)
+
+
+@pytest.mark.parametrize("path", sorted((CSRC / "cuda").iterdir()), ids=lambda p: p.name)
+def test_only_the_real_side_of_the_device_seam_includes_cuda_or_nccl(path):
+    if path.suffix == ".cu" or path.name in BELOW_THE_SEAM:
+        return
+    included = TOOLKIT_INCLUDE.findall(path.read_text())
+    assert not included, f"cuda/{path.name} includes {included}: call CUDA and NCCL through cuda/device_api.h"

@@ -17,6 +17,39 @@ AbortNotice decode(const std::string& text) {
 
 }  // namespace
 
+MemoryRendezvous::MemoryRendezvous(std::chrono::milliseconds timeout) : timeout_(timeout) {}
+
+void MemoryRendezvous::set(const std::string& key, const std::string& value) {
+  {
+    const std::lock_guard<std::mutex> lock(keys_->mutex);
+    keys_->values[key] = value;
+  }
+  keys_->changed.notify_all();
+}
+
+std::string MemoryRendezvous::get(const std::string& key) {
+  std::unique_lock<std::mutex> lock(keys_->mutex);
+  if (!keys_->changed.wait_for(lock, timeout_, [&] { return keys_->values.count(key) > 0; })) {
+    throw TimeoutError(detail::concat(timed_out_after(timeout_), "waiting for key '", key, "' of the rendezvous"));
+  }
+  return keys_->values[key];
+}
+
+std::string MemoryRendezvous::set_once(const std::string& key, const std::string& value) {
+  std::string held;
+  {
+    const std::lock_guard<std::mutex> lock(keys_->mutex);
+    held = keys_->values.emplace(key, value).first->second;
+  }
+  keys_->changed.notify_all();
+  return held;
+}
+
+bool MemoryRendezvous::has(const std::string& key) {
+  const std::lock_guard<std::mutex> lock(keys_->mutex);
+  return keys_->values.count(key) > 0;
+}
+
 AbortNotice publish_abort(Rendezvous& rendezvous, const AbortNotice& notice) {
   return decode(rendezvous.set_once(kAbortKey, encode(notice)));
 }

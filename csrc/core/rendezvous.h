@@ -2,6 +2,11 @@
 // store shared by the group. The torch glue backs it with the group's c10d::Store.
 #pragma once
 
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -19,6 +24,42 @@ class Rendezvous {
   virtual std::string set_once(const std::string& key, const std::string& value) = 0;
   // Whether the key is set, without waiting.
   virtual bool has(const std::string& key) = 0;
+};
+
+// A rendezvous in memory, for ranks that are threads of one process. Copies share the keys.
+class MemoryRendezvous final : public Rendezvous {
+ public:
+  // get() waits at most `timeout` for a key.
+  explicit MemoryRendezvous(std::chrono::milliseconds timeout);
+  void set(const std::string& key, const std::string& value) override;
+  std::string get(const std::string& key) override;
+  std::string set_once(const std::string& key, const std::string& value) override;
+  bool has(const std::string& key) override;
+
+ private:
+  struct Keys {
+    std::mutex mutex;
+    std::condition_variable changed;
+    std::map<std::string, std::string> values;
+  };
+  std::chrono::milliseconds timeout_;
+  std::shared_ptr<Keys> keys_ = std::make_shared<Keys>();
+};
+
+// Another rendezvous's keys under a prefix, so two users of one store never meet.
+class PrefixRendezvous final : public Rendezvous {
+ public:
+  PrefixRendezvous(Rendezvous& inner, std::string prefix) : inner_(inner), prefix_(std::move(prefix)) {}
+  void set(const std::string& key, const std::string& value) override { inner_.set(prefix_ + key, value); }
+  std::string get(const std::string& key) override { return inner_.get(prefix_ + key); }
+  std::string set_once(const std::string& key, const std::string& value) override {
+    return inner_.set_once(prefix_ + key, value);
+  }
+  bool has(const std::string& key) override { return inner_.has(prefix_ + key); }
+
+ private:
+  Rendezvous& inner_;
+  std::string prefix_;
 };
 
 // Abort notices through the store, so that every rank of a group reports the failure the first

@@ -1,6 +1,7 @@
 // The stream contract of a GPU communicator, without CUDA types (cuda/device_queue.h implements it).
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
 
@@ -21,6 +22,10 @@ class StreamContext {
   // Tells whether the device has done everything queued on our stream so far. It holds what it
   // needs (an event), so it may outlive the communicator.
   virtual std::function<bool()> done_probe() = 0;
+  // Zero for a device whose callers order their work on streams. The simulated device serves
+  // host memory to host code, which has no stream: there a call returns once the device has done
+  // its collective, waiting at most this long (then the collective has timed out).
+  virtual std::chrono::milliseconds host_wait() const { return {}; }
 };
 
 }  // namespace ringreduce

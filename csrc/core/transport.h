@@ -90,6 +90,10 @@ class Transport {
   // The collective's transfers are all posted and waited for (not called after a failure).
   virtual void end_collective() {}
 
+  // Raises a failure found since, where the work finishes after the host has moved on (a device
+  // transport's watchdog); others have none to raise.
+  virtual void raise_if_failed() {}
+
   // After a failure: make the peers fail fast with the same notice instead of waiting out their
   // timeout, and stop touching the caller's buffers. Returns the notice the whole group reports
   // (the first rank to abort wins). The transport is unusable afterwards.

@@ -1,20 +1,19 @@
-// Error checks for CUDA and NCCL calls: throw with the call, the error text, file and line. Never exit.
+// Error checks for calls through the device seam: throw with the call, the error text, file and
+// line. Never exit.
 #pragma once
-
-#include <cuda_runtime_api.h>
 
 #include <stdexcept>
 #include <string>
 
 #include "core/common.h"
+#include "cuda/device_api.h"
 
 #define RR_CUDA_CHECK(call)                                                                            \
   do {                                                                                                 \
-    const cudaError_t rr_status = (call);                                                              \
-    if (rr_status != cudaSuccess) {                                                                    \
-      throw std::runtime_error(::ringreduce::detail::concat("ringreduce: ", #call, " failed: ",        \
-                                                            cudaGetErrorString(rr_status), " (", __FILE__, \
-                                                            ":", __LINE__, ")"));                      \
+    const ::ringreduce::cuda::Failure rr_failure = (call);                                             \
+    if (rr_failure != nullptr) {                                                                       \
+      throw std::runtime_error(::ringreduce::detail::concat("ringreduce: ", #call, " failed: ", rr_failure, \
+                                                            " (", __FILE__, ":", __LINE__, ")"));      \
     }                                                                                                  \
   } while (0)
 
@@ -25,15 +24,16 @@ namespace cuda {
 // never changes which GPU a user's thread is on.
 class DeviceScope {
  public:
-  explicit DeviceScope(int device) {
-    RR_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) RR_CUDA_CHECK(cudaSetDevice(device));
+  DeviceScope(DeviceApi& api, int device) : api_(api) {
+    RR_CUDA_CHECK(api.get_device(&previous_));
+    if (previous_ != device) RR_CUDA_CHECK(api.set_device(device));
   }
-  ~DeviceScope() { cudaSetDevice(previous_); }
+  ~DeviceScope() { api_.set_device(previous_); }
   DeviceScope(const DeviceScope&) = delete;
   DeviceScope& operator=(const DeviceScope&) = delete;
 
  private:
+  DeviceApi& api_;
   int previous_ = 0;
 };
 

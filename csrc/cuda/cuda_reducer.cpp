@@ -3,7 +3,6 @@
 #include <stdexcept>
 
 #include "cuda/cuda_check.h"
-#include "cuda/reduce_kernels.h"
 
 namespace ringreduce {
 namespace cuda {
@@ -28,15 +27,15 @@ class CudaReducer final : public Reducer {
         queue_(queue) {}
 
   void prepare(void* data, std::size_t count) const override {
-    if (premultiply_) RR_CUDA_CHECK(launch_scale(dtype(), data, count, 1.0f / world_, queue_.cuda_stream()));
+    if (premultiply_) RR_CUDA_CHECK(queue_.api().scale(dtype(), data, count, 1.0f / world_, queue_.cuda_stream()));
   }
 
   void reduce(void* dst, const void* src, std::size_t count, bool last) const override {
-    RR_CUDA_CHECK(launch_reduce(dtype(), op_, dst, src, nullptr, count, world_, last, queue_.cuda_stream()));
+    RR_CUDA_CHECK(queue_.api().reduce(dtype(), op_, dst, src, nullptr, count, world_, last, queue_.cuda_stream()));
   }
 
   void reduce_copy(void* dst, const void* src, void* copy, std::size_t count, bool last) const override {
-    RR_CUDA_CHECK(launch_reduce(dtype(), op_, dst, src, copy, count, world_, last, queue_.cuda_stream()));
+    RR_CUDA_CHECK(queue_.api().reduce(dtype(), op_, dst, src, copy, count, world_, last, queue_.cuda_stream()));
   }
 
  private:

@@ -6,7 +6,7 @@ namespace ringreduce {
 namespace cuda {
 
 void DeviceMemory::copy(void* dst, const void* src, std::size_t bytes) {
-  if (bytes > 0) RR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, queue_.cuda_stream()));
+  if (bytes > 0) RR_CUDA_CHECK(queue_.api().copy(dst, src, bytes, queue_.cuda_stream()));
 }
 
 }  // namespace cuda

@@ -3,8 +3,6 @@
 // they can poll and how to abort (NCCL: its asynchronous error, ncclCommAbort).
 #pragma once
 
-#include <cuda_runtime_api.h>
-
 #include <memory>
 #include <optional>
 #include <string>
@@ -30,12 +28,8 @@ class EventCompletion : public CompletionSource {
  private:
   DeviceQueue& queue_;
   std::string who_;
-  cudaError_t device_error_ = cudaSuccess;  // only the watchdog's thread touches it
+  Failure device_error_ = nullptr;  // only the watchdog's thread touches it
 };
-
-// Waits on the device until *flag (mapped host memory) is non-zero: a stand-in for a transfer whose
-// sender never comes, so the tests can stall a stream on one GPU and watch the watchdog free it.
-cudaError_t launch_wait_for_flag(const volatile int* flag, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace ringreduce

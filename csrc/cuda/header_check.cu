@@ -1,4 +1,5 @@
 #include "cuda/header_check.h"
+#include "cuda/reduce_kernels.h"
 
 namespace ringreduce {
 namespace cuda {
@@ -7,9 +8,7 @@ namespace {
 __global__ void write_header_kernel(HeaderSlots* slots, CollectiveHeader header) { slots->mine = header; }
 
 __global__ void compare_headers_kernel(const HeaderSlots* slots, MismatchReport* report) {
-  if (slots->mine == slots->theirs || report->flag != 0) return;
-  report->mine = slots->mine;
-  report->theirs = slots->theirs;
+  if (!fill_mismatch_report(slots, report)) return;
   __threadfence_system();  // the pair is visible to the host before the flag
   report->flag = 1;
 }

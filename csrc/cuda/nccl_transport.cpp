@@ -1,11 +1,12 @@
 #include "cuda/nccl_transport.h"
 
-#include <cstring>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
 #include "cuda/cuda_check.h"
 #include "cuda/event_completion.h"
+#include "cuda/header_check.h"
 #include "cuda/mapped_memory.h"
 
 namespace ringreduce {
@@ -23,6 +24,14 @@ constexpr std::chrono::microseconds kThrottlePoll{20};
 // The watchdog asks the store for a peer's abort notice once every this many polls (100 ms): a
 // store round trip costs tens of microseconds, and the timeouts it serves are seconds.
 constexpr int kStorePollEvery = 10;
+
+// An NCCL error in a collective whose ranks disagree is most often the disagreement's doing (a
+// message of another size), found before the device check of the rank that sees the disagreement
+// has been polled (every 10 ms) and its notice published. A rank that fails so waits this long for
+// that notice, so that every rank reports the disagreement, not its consequence.
+constexpr std::chrono::milliseconds kDisagreementGrace{200};
+// How often it looks in the store meanwhile.
+constexpr std::chrono::milliseconds kGracePoll{5};
 
 // Every rank marks its arrival in the store and waits, up to the timeout, for all the others, so
 // that NCCL's own set-up (which has no timeout of its own) starts only once the whole group is there.
@@ -51,13 +60,6 @@ std::string mismatch_message(int rank, int world, const MismatchReport& report) 
 
 }  // namespace
 
-std::string nccl_version() {
-  int code = 0;
-  if (ncclGetVersion(&code) != ncclSuccess) return "unknown";
-  // Codes from 2.9 on are major*10000 + minor*100 + patch.
-  return detail::concat(code / 10000, ".", (code / 100) % 100, ".", code % 100);
-}
-
 // What the watchdog polls beyond the collective's event: the mismatch flag the compare kernel
 // raises, NCCL's asynchronous error, and a notice a peer published in the store.
 class NcclTransport::Completion final : public EventCompletion {
@@ -66,13 +68,9 @@ class NcclTransport::Completion final : public EventCompletion {
       : EventCompletion(transport.queue_, detail::concat("nccl rank ", transport.rank_)), transport_(transport) {}
 
   std::optional<AbortNotice> failure() override {
-    const int rank = transport_.rank_;
-    if (transport_.report_->flag != 0) {
-      std::atomic_thread_fence(std::memory_order_acquire);
-      return AbortNotice{AbortNotice::Kind::Mismatch, mismatch_message(rank, transport_.world_, *transport_.report_)};
-    }
+    if (std::optional<AbortNotice> mismatch = transport_.mismatch_found()) return mismatch;
     if (std::optional<AbortNotice> device = EventCompletion::failure()) return device;
-    if (std::optional<AbortNotice> async = nccl_error()) return async;
+    if (std::optional<AbortNotice> async = transport_.nccl_error()) return async;
     if (++polls_ % kStorePollEvery != 0) return std::nullopt;
     try {
       return published_abort(*transport_.notices_);
@@ -84,7 +82,8 @@ class NcclTransport::Completion final : public EventCompletion {
   AbortNotice abort(const AbortNotice& notice) override {
     AbortNotice group = notice;
     try {
-      group = publish_abort(*transport_.notices_, notice);
+      if (notice.kind == AbortNotice::Kind::Failure) await_disagreement(*transport_.notices_);
+      group = publish_abort(*transport_.notices_, transport_.mismatch_found().value_or(notice));
     } catch (const std::exception&) {
       // the store is gone: this rank reports its own notice
     }
@@ -93,70 +92,60 @@ class NcclTransport::Completion final : public EventCompletion {
   }
 
  private:
-  // Skipped while an issue call holds the communicator: the next round asks again.
-  std::optional<AbortNotice> nccl_error() {
-    NcclComm& nccl = *transport_.nccl_;
-    std::unique_lock<std::timed_mutex> lock(nccl.calls, std::try_to_lock);
-    ncclResult_t async = ncclSuccess;
-    if (!lock.owns_lock() || nccl.ending || ncclCommGetAsyncError(nccl.comm, &async) != ncclSuccess ||
-        async == ncclSuccess || async == ncclInProgress) {
-      return std::nullopt;
+  // Until a notice is published or this rank's own check reports a disagreement, at most kDisagreementGrace.
+  void await_disagreement(Rendezvous& notices) {
+    const auto deadline = std::chrono::steady_clock::now() + kDisagreementGrace;
+    while (!published_abort(notices) && !transport_.mismatch_found() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(kGracePoll);
     }
-    return AbortNotice{AbortNotice::Kind::Failure, detail::concat("ringreduce: nccl rank ", transport_.rank_,
-                                                                  ": NCCL reported ", ncclGetErrorString(async))};
   }
 
   NcclTransport& transport_;
   int polls_ = 0;  // only the watchdog's thread touches it
 };
 
-NcclTransport::NcclTransport(std::unique_ptr<Rendezvous> notices, int rank, int world, DeviceQueue& queue,
-                             DeviceAllocator allocate, std::chrono::milliseconds timeout)
+NcclTransport::NcclTransport(NcclApi& nccl, std::unique_ptr<Rendezvous> notices, int rank, int world,
+                             DeviceQueue& queue, DeviceAllocator allocate, std::chrono::milliseconds timeout)
     : rank_(rank),
       world_(world),
       queue_(queue),
       allocate_(std::move(allocate)),
       timeout_(timeout),
       notices_(std::move(notices)),
+      nccl_(std::make_shared<NcclComm>(nccl)),
       window_(
           kIssueWindowOps,
-          [](const std::shared_ptr<void>& event) {
-            const cudaError_t state = cudaEventQuery(static_cast<cudaEvent_t>(event.get()));
-            if (state != cudaErrorNotReady) RR_CUDA_CHECK(state);
-            return state == cudaSuccess;
+          [&api = queue.api()](const std::shared_ptr<void>& event) {
+            Failure why = nullptr;
+            const EventState state = api.query(static_cast<Event>(event.get()), &why);
+            if (state == EventState::Failed) {
+              throw std::runtime_error(detail::concat("ringreduce: the GPU reported ", why, " while queuing a collective"));
+            }
+            return state == EventState::Done;
           },
           [this] {
             if (watchdog_) watchdog_->check();
             std::this_thread::sleep_for(kThrottlePoll);
           }) {
-  const DeviceScope on(queue.device());
-  ncclUniqueId id;
+  DeviceApi& api = queue.api();
+  const DeviceScope on(api, queue.device());
+  std::string id;
   if (rank == 0) {
-    const ncclResult_t got = ncclGetUniqueId(&id);
-    RR_CHECK(got == ncclSuccess, "ncclGetUniqueId failed: ", ncclGetErrorString(got));
-    notices_->set("nccl-id", std::string(id.internal, sizeof id.internal));
+    check(nccl.unique_id(&id), "ncclGetUniqueId");
+    notices_->set("nccl-id", id);
   }
   await_peers(*notices_, rank, world, timeout);
-  if (rank != 0) {
-    const std::string published = notices_->get("nccl-id");
-    RR_CHECK(published.size() == sizeof id.internal, "the NCCL id in the store has ", published.size(), " bytes");
-    std::memcpy(id.internal, published.data(), sizeof id.internal);
-  }
-  // Blocking: issuing a group costs microseconds on the calling thread. A non-blocking communicator
-  // hands every ncclGroupEnd to a new thread (NCCL 2.23 on) and must be polled, about 0.1 ms per
-  // ring step. The watchdog and the issue window, not the calls, bound how long anything waits.
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 1;
-  check(ncclCommInitRankConfig(&nccl_->comm, world, id, rank, &config), "ncclCommInitRankConfig");
+  if (rank != 0) id = notices_->get("nccl-id");
+  check(nccl.init_rank(&nccl_->comm, *notices_, world, id, rank), "ncclCommInitRankConfig");
   try {
     slots_ = allocate_(sizeof(HeaderSlots), queue.lane_stream(0));
-    const Mapped<MismatchReport> report = allocate_mapped<MismatchReport>();
+    const Mapped<MismatchReport> report = allocate_mapped<MismatchReport>(api);
     report_ = report.host;
     report_on_device_ = report.device;
     connect_all(static_cast<const HeaderSlots*>(slots_.get()));
   } catch (...) {
-    if (report_ != nullptr) cudaFreeHost(report_);
-    ncclCommDestroy(nccl_->comm);
+    if (report_ != nullptr) api.free_mapped(report_);
+    nccl.destroy(nccl_->comm);
     throw;
   }
   watchdog_ = std::make_unique<Watchdog>(std::make_unique<Completion>(*this), timeout);
@@ -182,12 +171,32 @@ NcclTransport::~NcclTransport() {
   watchdog_.reset();
   if (end_communicator(!finished, timeout_)) {
     // NCCL's kernels have returned, so the lanes drain: then the compare kernel's report can go.
-    for (std::size_t lane = 0; lane < queue_.lanes(); ++lane) cudaStreamSynchronize(queue_.lane_stream(lane));
-    cudaFreeHost(report_);
+    for (std::size_t lane = 0; lane < queue_.lanes(); ++lane) queue_.api().synchronize(queue_.lane_stream(lane));
+    queue_.api().free_mapped(report_);
   }
   // Otherwise NCCL never returned and a kernel may still write the report: it stays allocated (a
   // few bytes of pinned memory), since freeing pinned memory would wait for the GPU. Device memory
   // goes back to the caching allocator either way; it is reused only in its stream's order.
+}
+
+std::optional<AbortNotice> NcclTransport::mismatch_found() const {
+  if (report_->flag == 0) return std::nullopt;
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return AbortNotice{AbortNotice::Kind::Mismatch, mismatch_message(rank_, world_, *report_)};
+}
+
+std::optional<AbortNotice> NcclTransport::nccl_error() {
+  std::unique_lock<std::timed_mutex> lock(nccl_->calls, std::try_to_lock);
+  if (!lock.owns_lock() || nccl_->ending) return std::nullopt;
+  const Failure async = nccl_->api.async_error(nccl_->comm);
+  if (async == nullptr) return std::nullopt;
+  return AbortNotice{AbortNotice::Kind::Failure, detail::concat("ringreduce: nccl rank ", rank_, ": NCCL reported ", async)};
+}
+
+void NcclTransport::raise_if_failed() {
+  watchdog_->check();
+  if (std::optional<AbortNotice> found = mismatch_found()) found->raise();
+  if (std::optional<AbortNotice> found = nccl_error()) found->raise();
 }
 
 bool NcclTransport::end_communicator(bool abort, std::chrono::milliseconds wait) {
@@ -195,17 +204,18 @@ bool NcclTransport::end_communicator(bool abort, std::chrono::milliseconds wait)
   if (!nccl->ending.exchange(true)) {
     const int device = queue_.device();
     const std::chrono::milliseconds grace = timeout_;
-    std::thread([nccl, device, abort, grace] {
-      cudaSetDevice(device);
+    DeviceApi& api = queue_.api();
+    std::thread([nccl, device, abort, grace, &api] {
+      api.set_device(device);
       // Never under a call in progress: ending the communicator would free memory the call still
       // uses. The issue window keeps calls short, so a call held longer than the grace is stuck for
       // good, and the communicator is left as it is.
       std::unique_lock<std::timed_mutex> lock(nccl->calls, std::defer_lock);
       if (lock.try_lock_for(grace)) {
         if (abort) {
-          ncclCommAbort(nccl->comm);
+          nccl->api.abort(nccl->comm);
         } else {
-          ncclCommDestroy(nccl->comm);
+          nccl->api.destroy(nccl->comm);
         }
         std::lock_guard<std::mutex> ended(nccl->mutex);
         nccl->ended = true;
@@ -217,11 +227,10 @@ bool NcclTransport::end_communicator(bool abort, std::chrono::milliseconds wait)
   return nccl->ended_changed.wait_for(lock, wait, [&] { return nccl->ended; });
 }
 
-void NcclTransport::check(ncclResult_t result, const char* what) {
-  if (result == ncclSuccess) return;
+void NcclTransport::check(Failure failure, const char* what) {
+  if (failure == nullptr) return;
   if (nccl_->ending && watchdog_) watchdog_->check();  // the watchdog's notice explains the failure best
-  throw std::runtime_error(detail::concat("ringreduce: nccl rank ", rank_, ": ", what, " failed: ",
-                                          ncclGetErrorString(result)));
+  throw std::runtime_error(detail::concat("ringreduce: nccl rank ", rank_, ": ", what, " failed: ", failure));
 }
 
 void NcclTransport::begin_collective(const CollectiveHeader& header, bool check_header) {
@@ -230,14 +239,14 @@ void NcclTransport::begin_collective(const CollectiveHeader& header, bool check_
   watchdog_->begin(header.sequence, detail::concat("nccl rank ", rank_, ": ", describe(header, header)));
   if (check_header && world_ > 1) {
     auto* slots = static_cast<HeaderSlots*>(slots_.get());
-    const cudaStream_t stream = queue_.lane_stream(0);
+    const Stream stream = queue_.lane_stream(0);
     window_.make_room(1);
-    RR_CUDA_CHECK(launch_write_header(slots, header, stream));
+    RR_CUDA_CHECK(queue_.api().write_header(slots, header, stream));
     window_.queued(1);
     issue({{true, (rank_ + 1) % world_, &slots->mine, sizeof(CollectiveHeader), 0},
            {false, (rank_ + world_ - 1) % world_, &slots->theirs, sizeof(CollectiveHeader), 0}});
     window_.make_room(1);
-    RR_CUDA_CHECK(launch_compare_headers(slots, report_on_device_, stream));
+    RR_CUDA_CHECK(queue_.api().compare_headers(slots, report_on_device_, stream));
     window_.queued(1);
   }
   queue_.fork_lanes();
@@ -266,22 +275,23 @@ void NcclTransport::issue(const std::vector<HeldTransfer>& group) {
   // One NCCL group per exchange, so NCCL runs its sends and receives together. On the lane's stream
   // the group starts after the lane's earlier work (the reduction that produced what it sends), and
   // the lane's later work (the reduction of what it receives) waits for it.
-  const cudaStream_t stream = queue_.lane_stream(group.front().lane);
+  const Stream stream = queue_.lane_stream(group.front().lane);
   window_.make_room(kOpsPerExchange);
   {
     std::lock_guard<std::timed_mutex> lock(nccl_->calls);
     if (nccl_->ending && watchdog_) watchdog_->check();
     RR_CHECK(!nccl_->ending, "the nccl communicator was aborted");
-    check(ncclGroupStart(), "ncclGroupStart");
+    NcclApi& nccl = nccl_->api;
+    check(nccl.group_start(), "ncclGroupStart");
     for (const HeldTransfer& t : group) {
-      const ncclResult_t posted = t.is_send ? ncclSend(t.data, t.bytes, ncclUint8, t.peer, nccl_->comm, stream)
-                                            : ncclRecv(t.data, t.bytes, ncclUint8, t.peer, nccl_->comm, stream);
-      if (posted != ncclSuccess) {
-        ncclGroupEnd();  // the group must close on this thread whatever happens
+      const Failure posted = t.is_send ? nccl.send(t.data, t.bytes, t.peer, nccl_->comm, stream)
+                                       : nccl.recv(t.data, t.bytes, t.peer, nccl_->comm, stream);
+      if (posted != nullptr) {
+        nccl.group_end();  // the group must close on this thread whatever happens
         check(posted, t.is_send ? "ncclSend" : "ncclRecv");
       }
     }
-    check(ncclGroupEnd(), "ncclGroupEnd");
+    check(nccl.group_end(), "ncclGroupEnd");
   }
   window_.queued(kOpsPerExchange);
   window_.mark(queue_.events().record(stream));
@@ -294,7 +304,7 @@ void NcclTransport::wait_transfer(Request request) {
 }
 
 std::shared_ptr<void> NcclTransport::allocate_staging(std::size_t bytes) {
-  const DeviceScope on(queue_.device());
+  const DeviceScope on(queue_.api(), queue_.device());
   return allocate_(bytes, queue_.lane_stream(lane_));
 }
 

@@ -8,8 +8,6 @@
 // the device header check or a peer's published notice says the group has failed.
 #pragma once
 
-#include <nccl.h>
-
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -19,8 +17,8 @@
 
 #include "core/rendezvous.h"
 #include "core/transport.h"
+#include "cuda/device_api.h"
 #include "cuda/device_queue.h"
-#include "cuda/header_check.h"
 #include "transports/exchange_groups.h"
 #include "transports/issue_window.h"
 #include "transports/watchdog.h"
@@ -42,17 +40,15 @@ constexpr std::size_t kIssueWindowOps = 512;
 // its kernel, by NCCL 2.30's enqueue code, so about four operations) and our event after it.
 constexpr std::size_t kOpsPerExchange = 5;
 
-// Device memory for staging, ordered on `stream` (the torch glue passes torch's caching allocator,
-// so staging shares the memory a training process has reserved). Freed when the pointer is dropped.
-using DeviceAllocator = std::function<std::shared_ptr<void>(std::size_t bytes, cudaStream_t stream)>;
-
 class NcclTransport final : public MessageTransport {
  public:
   // Collective over the group: group rank 0 creates the NCCL id and publishes it in the store, every
   // rank waits (up to the timeout) for all the others, and the connections to every peer are made
-  // before the first call. `notices` carries abort notices between the ranks' watchdogs.
-  NcclTransport(std::unique_ptr<Rendezvous> notices, int rank, int world, DeviceQueue& queue, DeviceAllocator allocate,
-                std::chrono::milliseconds timeout);
+  // before the first call. `notices` carries abort notices between the ranks' watchdogs. `allocate`
+  // gives staging (the torch glue passes torch's caching allocator, so staging shares the memory a
+  // training process has reserved).
+  NcclTransport(NcclApi& nccl, std::unique_ptr<Rendezvous> notices, int rank, int world, DeviceQueue& queue,
+                DeviceAllocator allocate, std::chrono::milliseconds timeout);
   // Waits for the collectives in flight, then destroys (or aborts) the communicator; bounded by the
   // timeout.
   ~NcclTransport() override;
@@ -77,6 +73,9 @@ class NcclTransport final : public MessageTransport {
   void select_lane(std::size_t lane) override;
   // ...and the caller's later work waits for every lane; the watchdog polls the collective.
   void end_collective() override;
+  // What the watchdog found, or what it will find at its next poll: the device's mismatch report
+  // and NCCL's asynchronous error.
+  void raise_if_failed() override;
 
   Request isend(int peer, const void* data, std::size_t bytes) override;
   Request irecv(int peer, void* data, std::size_t bytes) override;
@@ -92,7 +91,9 @@ class NcclTransport final : public MessageTransport {
   // What an abort or a teardown running on a thread of its own shares with the transport: it may
   // outlive the transport when NCCL does not return (its proxy waits for peers on the same node).
   struct NcclComm {
-    ncclComm_t comm = nullptr;
+    explicit NcclComm(NcclApi& api) : api(api) {}
+    NcclApi& api;
+    Comm comm = nullptr;
     std::timed_mutex calls;  // held around NCCL calls, so the communicator never goes under one
     std::atomic<bool> ending{false};  // an abort or a destroy has started
     std::mutex mutex;
@@ -100,6 +101,10 @@ class NcclTransport final : public MessageTransport {
     bool ended = false;
   };
   void issue(const std::vector<HeldTransfer>& group);
+  // What shows without waiting (any thread): the compare kernel's report, and NCCL's asynchronous
+  // error (not asked while an issue call holds the communicator: asked again later).
+  std::optional<AbortNotice> mismatch_found() const;
+  std::optional<AbortNotice> nccl_error();
   // One kernel launched on a lane, counted by the window.
   void before_reduction() override { window_.make_room(1); }
   void after_reduction() override { window_.queued(1); }
@@ -108,7 +113,7 @@ class NcclTransport final : public MessageTransport {
   // work that finished. Returns whether that happened within `wait`.
   bool end_communicator(bool abort, std::chrono::milliseconds wait);
   // Throws for an NCCL call that did not succeed, naming it.
-  void check(ncclResult_t result, const char* what);
+  void check(Failure failure, const char* what);
 
   int rank_;
   int world_;
@@ -116,7 +121,7 @@ class NcclTransport final : public MessageTransport {
   DeviceAllocator allocate_;
   std::chrono::milliseconds timeout_;
   std::unique_ptr<Rendezvous> notices_;
-  std::shared_ptr<NcclComm> nccl_ = std::make_shared<NcclComm>();
+  std::shared_ptr<NcclComm> nccl_;
   std::shared_ptr<void> slots_;          // HeaderSlots in device memory
   MismatchReport* report_ = nullptr;     // mapped host memory the compare kernel writes
   MismatchReport* report_on_device_ = nullptr;
@@ -126,9 +131,6 @@ class NcclTransport final : public MessageTransport {
   IssueWindow window_;
   std::unique_ptr<Watchdog> watchdog_;   // last: its thread reads the members above
 };
-
-// "major.minor.patch" of the NCCL library loaded at run time.
-std::string nccl_version();
 
 }  // namespace cuda
 }  // namespace ringreduce

@@ -1,4 +1,4 @@
-#include "cuda/event_completion.h"
+#include "cuda/reduce_kernels.h"
 
 namespace ringreduce {
 namespace cuda {

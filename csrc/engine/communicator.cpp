@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
+#include <thread>
 
 #include "algorithms/algorithms.h"
 #include "engine/traced_transport.h"
@@ -30,6 +32,10 @@ constexpr std::size_t kMaxHeaderLanes = 255;
 
 // Working memory is aligned to a cache line, as the reducers' vector loops like it.
 constexpr std::size_t kScratchAlignment = 64;
+
+// How often a host caller of the simulated device looks at it: an event query is a lock and a
+// compare, and the collectives it waits for take tens of microseconds at least.
+constexpr std::chrono::microseconds kHostWaitPoll{20};
 
 }  // namespace
 
@@ -150,6 +156,7 @@ void Communicator::run(const CollectiveArgs& args) {
       }
     }
     transport_->end_collective();
+    if (stream_ != nullptr && stream_->host_wait().count() > 0) await_on_host(header.sequence);
     if (trace_) {
       TraceEvent event;
       event.name = collective_name(args.collective);
@@ -169,6 +176,20 @@ void Communicator::run(const CollectiveArgs& args) {
   } catch (const std::exception& error) {
     fail({AbortNotice::Kind::Failure, error.what()});
   }
+}
+
+void Communicator::await_on_host(std::uint64_t sequence) {
+  const std::function<bool()> done = stream_->done_probe();
+  const auto deadline = std::chrono::steady_clock::now() + stream_->host_wait();
+  while (!done()) {
+    transport_->raise_if_failed();
+    if (std::chrono::steady_clock::now() > deadline) {
+      throw TimeoutError(detail::concat(timed_out_after(stream_->host_wait()), "the device did not finish collective #",
+                                        sequence, " of rank ", rank()));
+    }
+    std::this_thread::sleep_for(kHostWaitPoll);
+  }
+  transport_->raise_if_failed();
 }
 
 void Communicator::fail(AbortNotice notice) {

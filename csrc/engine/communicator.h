@@ -73,6 +73,9 @@ class Communicator {
   // Host memory of at least `bytes`, kept for later calls (one-shot's accumulator).
   void* host_scratch(std::size_t bytes);
 
+  // For host callers of the simulated device (StreamContext::host_wait): waits until the device has
+  // done collective `sequence`, raising what the transport found meanwhile.
+  void await_on_host(std::uint64_t sequence);
   [[noreturn]] void fail(AbortNotice notice);
 
   std::unique_ptr<StreamContext> stream_;

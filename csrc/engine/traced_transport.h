@@ -27,6 +27,7 @@ class TracedTransport final : public Transport {
   void begin_collective(const CollectiveHeader& header, bool check) override;
   void end_collective() override { inner_->end_collective(); }
   void agree_with_every_peer() override { inner_->agree_with_every_peer(); }
+  void raise_if_failed() override { inner_->raise_if_failed(); }
   void flush() override;
 
   Request isend(int peer, const void* data, std::size_t bytes) override;

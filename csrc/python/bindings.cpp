@@ -5,8 +5,12 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <chrono>
+#include <exception>
 #include <memory>
+#include <string>
+#include <thread>
 #include <tuple>
+#include <vector>
 
 #include "algorithms/schedule.h"
 #include "core/trace.h"
@@ -19,15 +23,18 @@
 #include "python/exchange_trace.h"
 #include "python/glue.h"
 #include "python/issue_window_probe.h"
+#include "python/sim_controls.h"
 #include "python/watchdog_probe.h"
 #include "transports/local.h"
 #include "transports/pg.h"
 #include "transports/shm.h"
 
-#if defined(RINGREDUCE_WITH_CUDA)
+#if defined(RINGREDUCE_WITH_SIM)
 #include "cuda/device_memory.h"
-#include "cuda/device_queue.h"
-#include "cuda/nccl_transport.h"
+#include "cuda/sim_device.h"
+#endif
+#if defined(RINGREDUCE_WITH_CUDA)
+#include "cuda/real_api.h"
 #endif
 
 namespace py = pybind11;
@@ -110,18 +117,79 @@ py::list central_schedule_py(std::size_t numel, std::size_t elem_size, std::size
   return out;
 }
 
+std::vector<std::shared_ptr<Communicator>> local_world(int world, double timeout_s, const std::string& kind, int device) {
+  const std::chrono::milliseconds timeout = to_millis(timeout_s);
+  std::vector<std::shared_ptr<Communicator>> ranks(world);
+#if defined(RINGREDUCE_WITH_SIM)
+  if (kind == "sim_nccl") {
+    // Creating an nccl communicator is collective: every rank at once, on threads of their own.
+    const MemoryRendezvous keys(timeout);
+    std::vector<std::exception_ptr> failed(world);
+    std::vector<std::thread> creators;
+    for (int rank = 0; rank < world; ++rank) {
+      creators.emplace_back([&, rank] {
+        try {
+          ranks[rank] = make_sim_nccl_communicator(std::make_unique<MemoryRendezvous>(keys), rank, world, rank, timeout);
+        } catch (...) {
+          failed[rank] = std::current_exception();
+        }
+      });
+    }
+    for (std::thread& creator : creators) creator.join();
+    for (const std::exception_ptr& error : failed) {
+      if (error) std::rethrow_exception(error);
+    }
+    return ranks;
+  }
+#endif
+  auto hub = std::make_shared<LocalHub>(world, timeout);
+  for (int rank = 0; rank < world; ++rank) {
+    if (kind == "cpu") {
+      ranks[rank] = make_communicator(std::make_unique<LocalTransport>(hub, rank, std::make_unique<HostMemory>()));
+      continue;
+    }
+#if defined(RINGREDUCE_WITH_SIM)
+    const auto on_device = [&](cuda::DeviceQueue& queue) {
+      return std::make_unique<LocalTransport>(hub, rank, std::make_unique<cuda::DeviceMemory>(queue));
+    };
+    if (kind == "sim") {
+      ranks[rank] = make_device_communicator(cuda::sim_device(), rank, on_device, timeout);
+      continue;
+    }
+#if defined(RINGREDUCE_WITH_CUDA)
+    if (kind == "cuda") {
+      ranks[rank] = make_device_communicator(cuda::real_device(), device, on_device);
+      continue;
+    }
+#endif
+#endif
+    throw py::value_error(detail::concat("ringreduce: this build has no LocalWorld ranks of kind '", kind,
+                                         "'; build_info() says what it has"));
+  }
+  return ranks;
+}
+
 py::dict build_info() {
   py::dict info;
   info["version"] = RINGREDUCE_VERSION;
   info["torch"] = RINGREDUCE_TORCH_VERSION;
 #if defined(RINGREDUCE_WITH_CUDA)
   info["cuda"] = true;
-  info["nccl"] = cuda::nccl_version();
-  info["transports"] = py::make_tuple("local", "pg", "shm", "nccl");
+  info["nccl"] = cuda::real_nccl().version();
+  info["transports"] = py::make_tuple("local", "pg", "shm", "sim", "nccl");
 #else
   info["cuda"] = false;
   info["nccl"] = py::none();
+#if defined(RINGREDUCE_WITH_SIM)
+  info["transports"] = py::make_tuple("local", "pg", "shm", "sim");
+#else
   info["transports"] = py::make_tuple("local", "pg", "shm");
+#endif
+#endif
+#if defined(RINGREDUCE_WITH_SIM)
+  info["sim"] = true;
+#else
+  info["sim"] = false;
 #endif
   return info;
 }
@@ -149,28 +217,11 @@ PYBIND11_MODULE(_C, m) {
       .def("reduce", &reduce, py::arg("tensor"), py::arg("op"), py::arg("root"), py::arg("segment_bytes"),
            py::arg("async_op"));
 
-  m.def(
-      "local_world",
-      [](int world, double timeout_s, int device) {
-        auto hub = std::make_shared<LocalHub>(world, to_millis(timeout_s));
-        std::vector<std::shared_ptr<Communicator>> ranks;
-        for (int rank = 0; rank < world; ++rank) {
-          if (device < 0) {
-            ranks.push_back(make_communicator(std::make_unique<LocalTransport>(hub, rank, std::make_unique<HostMemory>())));
-            continue;
-          }
-#if defined(RINGREDUCE_WITH_CUDA)
-          ranks.push_back(make_device_communicator(device, [&](cuda::DeviceQueue& queue) {
-            return std::make_unique<LocalTransport>(hub, rank, std::make_unique<cuda::DeviceMemory>(queue));
-          }));
-#else
-          throw py::value_error("ringreduce was built without CUDA: a LocalWorld can only hold CPU ranks");
-#endif
-        }
-        return ranks;
-      },
-      py::arg("world"), py::arg("timeout_s"), py::arg("device") = -1,
-      "Communicators for `world` ranks that are threads of this process (virtual ranks on GPU `device` if >= 0).");
+  m.def("local_world", &local_world, py::arg("world"), py::arg("timeout_s"), py::arg("kind") = "cpu",
+        py::arg("device") = -1, py::call_guard<py::gil_scoped_release>(),
+        "Communicators for `world` ranks that are threads of this process. kind 'cpu': host memory; 'cuda': "
+        "virtual ranks on GPU `device`; 'sim': rank r on simulated GPU r, over the local transport; 'sim_nccl': the "
+        "same over the simulated NCCL.");
 
   m.def(
       "pg_communicator",
@@ -190,6 +241,16 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("store"), py::arg("rank"), py::arg("world"), py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>(),
       "A communicator over shared memory; every rank of the group must be on this host.");
+
+#if defined(RINGREDUCE_WITH_SIM)
+  m.def(
+      "sim_communicator",
+      [](c10d::Store& store, int rank, int world, double timeout_s) {
+        return make_sim_nccl_communicator(std::make_unique<StoreRendezvous>(store), rank, world, 0, to_millis(timeout_s));
+      },
+      py::arg("store"), py::arg("rank"), py::arg("world"), py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>(),
+      "A communicator over the simulated NCCL on this process's simulated GPU 0, serving CPU tensors.");
+#endif
 
 #if defined(RINGREDUCE_WITH_CUDA)
   m.def(
@@ -263,4 +324,5 @@ PYBIND11_MODULE(_C, m) {
   bind_watchdog_probe(m);
   bind_issue_window_probe(m);
   bind_cuda_probes(m);
+  bind_sim_controls(m);
 }

@@ -39,23 +39,26 @@ constexpr std::chrono::microseconds kWaitPoll{100};
 // for its result; both through events, never by blocking the host. For host tensors it does nothing.
 class StreamJoin {
  public:
-  // `touched`: every tensor the collective reads or writes, the caller's first.
-  StreamJoin(StreamContext* engine, const std::vector<at::Tensor>& touched) : engine_(engine) {
+  // `touched`: every tensor the collective reads or writes, the caller's first. The simulated
+  // device serves host tensors, whose callers have no stream: its communicator waits for each
+  // collective itself (StreamContext::host_wait), and nothing is joined here.
+  StreamJoin(StreamContext* engine, const std::vector<at::Tensor>& touched)
+      : engine_(engine != nullptr && engine->host_wait().count() == 0 ? engine : nullptr) {
     for (const at::Tensor& tensor : touched) {
-      if (tensor.is_cuda() != (engine != nullptr)) {
-        throw py::value_error(detail::concat("ringreduce: this communicator serves ", engine ? "cuda" : "cpu",
+      if (tensor.is_cuda() != (engine_ != nullptr)) {
+        throw py::value_error(detail::concat("ringreduce: this communicator serves ", engine_ ? "cuda" : "cpu",
                                              " tensors, got a tensor on ", tensor.device(),
                                              "; pass transport=None to choose one that serves it"));
       }
     }
 #if defined(RINGREDUCE_WITH_CUDA)
-    if (engine == nullptr) return;
+    if (engine_ == nullptr) return;
     device_ = touched.front().device();
     const c10::cuda::CUDAGuard on_device(device_);  // the event is made on the tensor's GPU
     caller_ = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
-    start_ = engine->mark(caller_);
+    start_ = engine_->mark(caller_);
     // The caching allocator must not hand these blocks out again before the engine's stream is done.
-    const auto engine_stream = c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(engine->stream()), device_.index());
+    const auto engine_stream = c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(engine_->stream()), device_.index());
     for (const at::Tensor& tensor : touched) {
       c10::cuda::CUDACachingAllocator::recordStream(tensor.storage().data_ptr(), engine_stream);
     }
@@ -142,14 +145,42 @@ class CollectiveWork final : public c10d::Work {
   std::shared_ptr<std::function<bool()>> device_done_;
 };
 
+// Every tensor a call reads or writes, the caller's first.
+std::vector<at::Tensor> touched_by(const Call& call) {
+  std::vector<at::Tensor> touched = call.results;
+  touched.insert(touched.end(), call.reads.begin(), call.reads.end());
+  for (const std::vector<Copy>* copies : {&call.before, &call.after}) {
+    for (const Copy& copy : *copies) touched.insert(touched.end(), {copy.from, copy.into});
+  }
+  return touched;
+}
+
+// The simulated device's stand-in for the caching allocator's recordStream: after a failure, work
+// still queued on its streams may write a call's host tensors, so they stay alive until the device
+// has done it (looked at whenever another failed call is kept).
+void keep_until_device_done(StreamContext& engine, std::vector<at::Tensor> tensors) {
+  static std::mutex mutex;
+  static auto* kept = new std::vector<std::pair<std::function<bool()>, std::vector<at::Tensor>>>;
+  std::function<bool()> done = engine.done_probe();
+  const std::lock_guard<std::mutex> lock(mutex);
+  kept->erase(std::remove_if(kept->begin(), kept->end(), [](const auto& entry) { return entry.first(); }), kept->end());
+  kept->emplace_back(std::move(done), std::move(tensors));
+}
+
 void run_call(Communicator& communicator, const StreamJoin& join, const Call& call) {
   at::NoGradGuard no_grad;
-  join.on_engine_stream([&] {
-    join.begin();
-    for (const Copy& copy : call.before) copy.into.copy_(copy.from);
-    communicator.run(call.args);
-    for (const Copy& copy : call.after) copy.into.copy_(copy.from);
-  });
+  try {
+    join.on_engine_stream([&] {
+      join.begin();
+      for (const Copy& copy : call.before) copy.into.copy_(copy.from);
+      communicator.run(call.args);
+      for (const Copy& copy : call.after) copy.into.copy_(copy.from);
+    });
+  } catch (...) {
+    StreamContext* engine = communicator.stream_context();
+    if (engine != nullptr && engine->host_wait().count() > 0) keep_until_device_done(*engine, touched_by(call));
+    throw;
+  }
 }
 
 }  // namespace
@@ -194,12 +225,7 @@ c10::intrusive_ptr<c10d::Work> issue(Communicator& communicator, Call call, bool
   // its hand-over to the worker when async), with its tensors, algorithm, transport and bytes.
   at::RecordFunction range(at::RecordScope::USER_SCOPE);
   if (range.isActive()) open_profiler_range(range, communicator, call);
-  std::vector<at::Tensor> touched = call.results;
-  touched.insert(touched.end(), call.reads.begin(), call.reads.end());
-  for (const std::vector<Copy>* copies : {&call.before, &call.after}) {
-    for (const Copy& copy : *copies) touched.insert(touched.end(), {copy.from, copy.into});
-  }
-  const StreamJoin join(communicator.stream_context(), touched);
+  const StreamJoin join(communicator.stream_context(), touched_by(call));
   call.args.segment_bytes = resolve_segment_bytes(call.args.segment_bytes);
   if (!async_op) {
     std::optional<py::gil_scoped_release> release;  // a c10d backend is called without the GIL
@@ -303,8 +329,8 @@ Call all_reduce_call(Communicator& communicator, const at::Tensor& tensor, Reduc
                                  communicator.stream_context() == nullptr);
   }
   if (algorithm == Algorithm::OneShot && communicator.stream_context() != nullptr) {
-    throw std::invalid_argument("ringreduce: algorithm 'one_shot' runs on CPU tensors only; use 'auto', 'ring' or "
-                                "'central' for CUDA tensors");
+    throw std::invalid_argument("ringreduce: algorithm 'one_shot' runs on host transports only; use 'auto', 'ring' "
+                                "or 'central' on a device (CUDA, or the simulated one)");
   }
   if (algorithm == Algorithm::Central && (root < 0 || root >= communicator.size())) {
     throw std::invalid_argument(detail::concat("ringreduce: central root ", root, " is not a rank of this group (size ",

@@ -2,11 +2,17 @@
 
 #include <thread>
 
+#if defined(RINGREDUCE_WITH_SIM)
+#include "cuda/cuda_reducer.h"
+#include "cuda/nccl_transport.h"
+#include "cuda/sim_device.h"
+#endif
+
 #if defined(RINGREDUCE_WITH_CUDA)
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 
-#include "cuda/cuda_reducer.h"
+#include "cuda/real_api.h"
 #endif
 
 namespace py = pybind11;
@@ -102,10 +108,11 @@ std::shared_ptr<Communicator> make_communicator(std::unique_ptr<Transport> trans
                                        &delete_without_gil);
 }
 
-#if defined(RINGREDUCE_WITH_CUDA)
+#if defined(RINGREDUCE_WITH_SIM)
 std::shared_ptr<Communicator> make_device_communicator(
-    int device, const std::function<std::unique_ptr<Transport>(cuda::DeviceQueue&)>& transport) {
-  auto queue = std::make_unique<cuda::DeviceQueue>(device, cuda::kDeviceLanes);
+    cuda::DeviceApi& api, int device, const std::function<std::unique_ptr<Transport>(cuda::DeviceQueue&)>& transport,
+    std::chrono::milliseconds host_wait) {
+  auto queue = std::make_unique<cuda::DeviceQueue>(api, device, cuda::kDeviceLanes, host_wait);
   const cuda::DeviceQueue* streams = queue.get();
   auto made = transport(*queue);
   return make_communicator(
@@ -114,18 +121,32 @@ std::shared_ptr<Communicator> make_device_communicator(
       std::move(queue));
 }
 
+std::shared_ptr<Communicator> make_sim_nccl_communicator(std::unique_ptr<Rendezvous> rendezvous, int rank, int world,
+                                                         int device, std::chrono::milliseconds timeout) {
+  return make_device_communicator(
+      cuda::sim_device(), device,
+      [&](cuda::DeviceQueue& queue) {
+        return std::make_unique<cuda::NcclTransport>(cuda::sim_nccl(), std::move(rendezvous), rank, world, queue,
+                                                     cuda::sim_allocator(), timeout);
+      },
+      timeout);
+}
+#endif
+
+#if defined(RINGREDUCE_WITH_CUDA)
 std::shared_ptr<Communicator> make_nccl_communicator(c10d::Store& store, int rank, int world, int device,
                                                      std::chrono::milliseconds timeout) {
-  return make_device_communicator(device, [&](cuda::DeviceQueue& queue) {
-    return std::make_unique<cuda::NcclTransport>(std::make_unique<StoreRendezvous>(store), rank, world, queue,
-                                                 caching_allocator(device), timeout);
+  return make_device_communicator(cuda::real_device(), device, [&](cuda::DeviceQueue& queue) {
+    return std::make_unique<cuda::NcclTransport>(cuda::real_nccl(), std::make_unique<StoreRendezvous>(store), rank,
+                                                 world, queue, caching_allocator(device), timeout);
   });
 }
 
 cuda::DeviceAllocator caching_allocator(int device) {
-  return [device](std::size_t bytes, cudaStream_t stream) {
+  return [device](std::size_t bytes, cuda::Stream stream) {
     const c10::cuda::CUDAGuard on_device(static_cast<c10::DeviceIndex>(device));
-    void* memory = c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(bytes == 0 ? 1 : bytes, stream);
+    void* memory = c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(bytes == 0 ? 1 : bytes,
+                                                                          reinterpret_cast<cudaStream_t>(stream));
     return std::shared_ptr<void>(memory, [](void* p) { c10::cuda::CUDACachingAllocator::raw_delete(p); });
   };
 }

@@ -16,8 +16,8 @@
 #include "cpu/reducer.h"
 #include "engine/communicator.h"
 
-#if defined(RINGREDUCE_WITH_CUDA)
-#include "cuda/nccl_transport.h"
+#if defined(RINGREDUCE_WITH_SIM)
+#include "cuda/device_queue.h"
 #endif
 
 namespace ringreduce {
@@ -65,12 +65,21 @@ std::shared_ptr<Communicator> make_communicator(std::unique_ptr<Transport> trans
                                                Communicator::ReducerFactory make_reducer = &make_cpu_reducer,
                                                std::unique_ptr<StreamContext> stream = nullptr);
 
-#if defined(RINGREDUCE_WITH_CUDA)
-// A GPU communicator on `device`: its streams (one per lane), the transport on them, and reducers
-// that launch on them. The communicator owns the queue and destroys it after the transport and reducers.
+#if defined(RINGREDUCE_WITH_SIM)
+// A communicator on `device` of `api` (a GPU, or the simulated device): its streams (one per
+// lane), the transport on them, and reducers that launch on them. The communicator owns the queue
+// and destroys it after the transport and reducers. `host_wait`: see cuda::DeviceQueue.
 std::shared_ptr<Communicator> make_device_communicator(
-    int device, const std::function<std::unique_ptr<Transport>(cuda::DeviceQueue&)>& transport);
+    cuda::DeviceApi& api, int device, const std::function<std::unique_ptr<Transport>(cuda::DeviceQueue&)>& transport,
+    std::chrono::milliseconds host_wait = {});
 
+// A communicator over the simulated NCCL on simulated GPU `device`, serving host memory: group rank
+// `rank` of `world` (collective over the group, which may be threads or processes of this host).
+std::shared_ptr<Communicator> make_sim_nccl_communicator(std::unique_ptr<Rendezvous> rendezvous, int rank, int world,
+                                                         int device, std::chrono::milliseconds timeout);
+#endif
+
+#if defined(RINGREDUCE_WITH_CUDA)
 // The nccl communicator of a group (collective over it): group rank `rank` of `world`, on GPU `device`.
 std::shared_ptr<Communicator> make_nccl_communicator(c10d::Store& store, int rank, int world, int device,
                                                      std::chrono::milliseconds timeout);

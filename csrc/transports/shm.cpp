@@ -466,7 +466,13 @@ void ShmTransport::idle(std::uint32_t doorbell_seen, const std::atomic<std::uint
   }
 }
 
+void ShmTransport::cancel() {
+  cancelled_.store(true);
+  ring(rank_);
+}
+
 void ShmTransport::raise_if_a_peer_aborted() const {
+  if (cancelled_.load()) throw std::runtime_error(detail::concat("ringreduce: shm rank ", rank_, ": cancelled"));
   for (int other = 0; other < world_; ++other) {
     if (other != rank_ && segments_[other]->header()->aborted.load(std::memory_order_acquire) != 0) {
       group_notice().raise();

@@ -61,6 +61,10 @@ class ShmTransport final : public Transport {
   Request irecv_forward(int prev, int next, void* data, std::size_t bytes, const Reducer* reducer, bool last) override;
   void flush() override;
 
+  // Makes a wait running on another thread raise within a liveness poll (the simulated NCCL's
+  // abort, whose transfers run on a stream's thread). The transport is unusable afterwards.
+  void cancel();
+
   struct Segment;     // a mapped shared-memory segment (shm_transport.cpp)
   struct SlotHeader;  // the line in front of each staging slot (shm_transport.cpp)
 
@@ -120,6 +124,7 @@ class ShmTransport final : public Transport {
   std::vector<std::deque<SendOp>> sends_;           // by destination, in posting order
   std::vector<std::deque<RecvOp>> recvs_;           // by source, in posting order
   std::uint64_t next_sequence_ = 0;
+  std::atomic<bool> cancelled_{false};
 };
 
 }  // namespace ringreduce

@@ -123,7 +123,8 @@ def process_rows(args, rank, world):
 
     rows = []
     if args.gpu != "only":
-        available = [t for t in ringreduce.build_info()["transports"] if t not in ("local", "nccl")]
+        # CPU transports between processes; the simulated device ("sim") has no timing worth measuring.
+        available = [t for t in ringreduce.build_info()["transports"] if t not in ("local", "nccl", "sim")]
         for transport in args.transports.split(",") if args.transports else available:
             for algorithm in algorithms:
                 rows.append(("ringreduce", algorithm, transport, "cpu",
