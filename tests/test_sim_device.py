@@ -282,13 +282,13 @@ def test_a_dtype_mismatch_raises_mismatch_error_on_every_local_rank(world):
     assert all("float32" in str(o) and "float64" in str(o) for o in outcomes), outcomes
 
 
-def _faulty_local_run(transport, fault, world=2, faulty_rank=1, seconds=0.0):
+def _faulty_local_run(transport, fault, world=2, faulty_rank=1, seconds=0.0, after=3):
     """One all-reduce on every rank with `fault` armed on the faulty rank's simulated GPU: each
     rank's (error type, message), the seconds until every rank had raised, and whether every
     simulated stream was idle within a second after (ncclCommAbort ends the transfers in flight).
     The world is torn down before returning."""
     local = sim_world(world, transport, timeout=datetime.timedelta(seconds=FAULT_TIMEOUT_S))
-    _C.sim_inject(faulty_rank, fault, after=3, seconds=seconds)
+    _C.sim_inject(faulty_rank, fault, after=after, seconds=seconds)
     start = time.monotonic()
     outcomes = on_every_rank(local, lambda r, g: ringreduce.all_reduce(torch.ones(50_000), group=g, async_op=True,
                                                                      segment_bytes=4096))
@@ -309,8 +309,10 @@ def _within(seconds, condition):
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_stalled_stream_raises_within_the_timeout_on_every_rank(transport):
-    # The stall outlasts the timeout (a hung kernel); teardown then waits for it to end.
-    outcomes, seconds, _ = _faulty_local_run(transport, "stall", seconds=FAULT_TIMEOUT_S + SLACK_S - 0.5)
+    # The stall outlasts the timeout (a hung kernel); teardown then waits for it to end. It strikes
+    # the faulty rank's first kernel, which its later transfers come after: a later one could leave
+    # a peer that has already received everything it needs, which then rightly succeeds.
+    outcomes, seconds, _ = _faulty_local_run(transport, "stall", seconds=FAULT_TIMEOUT_S + SLACK_S - 0.5, after=0)
     assert all(kind is ringreduce.CommTimeoutError for kind, _ in outcomes), outcomes
     assert seconds < FAULT_TIMEOUT_S + SLACK_S, seconds
 
@@ -329,16 +331,27 @@ def test_an_nccl_async_error_reaches_every_rank_quickly():
     assert drained
 
 
-def test_the_issue_window_keeps_the_host_within_reach_of_a_stalled_stream():
-    # One collective of thousands of exchanges while rank 0's stream stalls: the host queues at most
-    # the window's operations ahead of it, and never blocks inside a call, so it still finishes.
+@pytest.mark.parametrize("collective", ["all_reduce", "all_gather"])
+def test_the_issue_window_keeps_the_host_within_reach_of_a_stalled_stream(collective):
+    # One collective of thousands of exchanges (all-gather: exchanges only, no reduction kernel)
+    # while rank 0's first kernel (its header write) hangs for a second: the host queues at most
+    # the window's operations ahead of the device, and never blocks inside a call, so it finishes.
     _C.sim_configure(seed=7, max_delay_us=20)
     local = sim_world(2, "nccl")
     _C.sim_clear()
     _C.sim_inject(0, "stall", after=0, seconds=1.0)
-    tensors = [torch.ones(1 << 20) for _ in range(2)]
-    local.all_reduce(tensors, segment_bytes=1024)  # 2 x 2048 exchanges per rank
-    assert all(torch.equal(t, torch.full((1 << 20,), 2.0)) for t in tensors)
+    numel = 1 << 20
+    if collective == "all_reduce":
+        tensors = [torch.ones(numel) for _ in range(2)]
+        local.all_reduce(tensors, segment_bytes=1024)  # 2 x 2048 exchanges per rank
+        assert all(torch.equal(t, torch.full((numel,), 2.0)) for t in tensors)
+    else:
+        outputs = [torch.empty(2 * numel) for _ in range(2)]
+        works = [ringreduce.all_gather_into_tensor(outputs[r], torch.full((numel,), float(r)), group=local.group(r),
+                                                   async_op=True, segment_bytes=1024) for r in range(2)]
+        for work in works:
+            work.wait()
+        assert all(torch.equal(out, torch.arange(2.0).repeat_interleave(numel)) for out in outputs)
     assert 0 < _C.sim_most_queued() <= ISSUE_WINDOW_OPS, _C.sim_most_queued()
 
 

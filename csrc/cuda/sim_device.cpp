@@ -77,8 +77,8 @@ Settings& settings() {
   return *shared;
 }
 
-// The armed fault that strikes this operation of `device`, queued at `stamp`, if any: a stream
-// operation, or an NCCL group.
+// The armed fault that strikes this operation of `device`, queued at `stamp`, if any: a kernel,
+// or an NCCL group.
 std::optional<Armed> strike(int device, bool nccl_group, std::uint64_t stamp) {
   Settings& all = settings();
   const std::lock_guard<std::mutex> lock(all.mutex);
@@ -126,11 +126,11 @@ class SimStream {
 
   int device() const { return device_; }
 
-  // Queues `operation`, which is given its stamp when it runs.
-  void push(std::function<void(std::uint64_t stamp)> operation) {
+  // Queues `operation`, which is given its stamp when it runs. Kernels are what a Stall strikes.
+  void push(std::function<void(std::uint64_t stamp)> operation, bool kernel = false) {
     {
       const std::lock_guard<std::mutex> lock(mutex_);
-      operations_.push_back({std::move(operation), ++queued_operations});
+      operations_.push_back({std::move(operation), ++queued_operations, kernel});
       if (pushed_++ == done_) ++settings().busy;
       std::size_t most = settings().most_queued.load();
       const std::size_t held = pushed_ - done_;
@@ -159,7 +159,9 @@ class SimStream {
         operations_.pop_front();
       }
       delay(random, epoch);
-      if (std::optional<Armed> stall = strike(device_, false, next.stamp)) std::this_thread::sleep_for(stall->duration);
+      if (next.kernel) {
+        if (std::optional<Armed> stall = strike(device_, false, next.stamp)) std::this_thread::sleep_for(stall->duration);
+      }
       try {
         next.operation(next.stamp);
       } catch (const std::exception& error) {
@@ -196,6 +198,7 @@ class SimStream {
   struct Queued {
     std::function<void(std::uint64_t stamp)> operation;
     std::uint64_t stamp = 0;
+    bool kernel = false;
   };
   std::deque<Queued> operations_;
   std::uint64_t pushed_ = 0;
@@ -315,16 +318,18 @@ class SimDevice final : public DeviceApi {
   Failure reduce(DType dtype, ReduceOp op, void* dst, const void* src, void* copy, std::size_t count, int world,
                  bool last, Stream stream) override {
     if (count == 0) return nullptr;
-    sim(stream)->push([=](std::uint64_t) { host_reduce(dtype, op, dst, src, copy, count, world, last, kSimBlocks, kSimThreadsPerBlock); });
+    sim(stream)->push(
+        [=](std::uint64_t) { host_reduce(dtype, op, dst, src, copy, count, world, last, kSimBlocks, kSimThreadsPerBlock); },
+        true);
     return nullptr;
   }
   Failure scale(DType dtype, void* data, std::size_t count, float factor, Stream stream) override {
     if (count == 0) return nullptr;
-    sim(stream)->push([=](std::uint64_t) { host_scale(dtype, data, count, factor, kSimBlocks, kSimThreadsPerBlock); });
+    sim(stream)->push([=](std::uint64_t) { host_scale(dtype, data, count, factor, kSimBlocks, kSimThreadsPerBlock); }, true);
     return nullptr;
   }
   Failure write_header(HeaderSlots* slots, const CollectiveHeader& header, Stream stream) override {
-    sim(stream)->push([slots, header](std::uint64_t) { slots->mine = header; });
+    sim(stream)->push([slots, header](std::uint64_t) { slots->mine = header; }, true);
     return nullptr;
   }
   Failure compare_headers(const HeaderSlots* slots, MismatchReport* report, Stream stream) override {
@@ -332,13 +337,13 @@ class SimDevice final : public DeviceApi {
       if (!fill_mismatch_report(slots, report)) return;
       std::atomic_thread_fence(std::memory_order_release);  // the pair is visible to the host before the flag
       report->flag = 1;
-    });
+    }, true);
     return nullptr;
   }
   Failure wait_for_flag(const volatile int* flag, Stream stream) override {
     sim(stream)->push([flag](std::uint64_t) {
       while (*flag == 0) std::this_thread::sleep_for(kFlagPoll);
-    });
+    }, true);
     return nullptr;
   }
 };

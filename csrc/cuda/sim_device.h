@@ -40,14 +40,14 @@ constexpr unsigned char kSimPoison = 0xFF;
 void configure_sim(std::uint64_t seed, std::chrono::microseconds max_delay);
 
 enum class SimFault {
-  Stall,       // the stream operation stops for `duration` (a kernel that hangs)
+  Stall,       // a kernel stops for `duration` (a kernel that hangs, and its stream behind it)
   SilentSend,  // from this NCCL group on, no send is posted (a peer that stops sending)
   Exit,        // the process exits in the middle of the NCCL group (a peer that dies)
   AsyncError,  // the NCCL group fails, and the communicator reports an asynchronous error
 };
 
-// Arms `fault` on simulated GPU `device`: it strikes its `after`-th operation from now (counting
-// stream operations for Stall, NCCL groups for the others; 0 is the next), once.
+// Arms `fault` on simulated GPU `device`: it strikes its `after`-th operation queued from now
+// (counting kernels for Stall, NCCL groups for the others; 0 is the next), once.
 void inject_sim_fault(int device, SimFault fault, std::size_t after, std::chrono::milliseconds duration);
 // Also forgets the devices' errors and the most operations queued.
 void clear_sim_faults();

@@ -46,8 +46,9 @@ void bind_sim_controls(py::module_& m) {
                                std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0)));
       },
       py::arg("device"), py::arg("fault"), py::arg("after") = 0, py::arg("seconds") = 0.0,
-      "Arms a fault on simulated GPU `device`: 'stall' (a stream operation stops for `seconds`), 'silent_send', "
-      "'exit' or 'async_error' (an NCCL group's). It strikes the `after`-th such operation from now, once.");
+      "Arms a fault on simulated GPU `device`: 'stall' (a kernel stops for `seconds`), 'silent_send' (no send is "
+      "posted from an NCCL group on), 'exit' or 'async_error' (an NCCL group's). It strikes the `after`-th such "
+      "operation queued from now, once.");
   m.def("sim_clear", &cuda::clear_sim_faults,
         "Disarms every fault, forgets the simulated GPUs' errors and the most operations queued.");
   m.def("sim_stream_threads", &cuda::sim_stream_threads, "Threads the simulated device runs, one per stream made.");
