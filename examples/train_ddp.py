@@ -9,6 +9,7 @@ the loss has something real to learn and nothing is downloaded. Each rank trains
 """
 
 import argparse
+import gc
 import os
 import tempfile
 import time
@@ -80,6 +81,9 @@ def _spawned(rank, world, store_path, train_fn, args):
         train_fn(rank, world, args)
     finally:
         ringreduce.destroy()
+        # DDP and FSDP keep the group alive through reference cycles: collected now, gloo's threads
+        # are joined here rather than torn down at interpreter exit, which can abort the process.
+        gc.collect()
         dist.destroy_process_group()
 
 
