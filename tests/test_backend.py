@@ -165,6 +165,28 @@ def test_a_sparse_all_reduce_goes_to_gloo_and_gives_its_result():
         assert mine.tolist() == gloo.tolist() == [2.0, 0.0, 1.0]
 
 
+def _gather_in_flight_at_teardown(rank, world):
+    """Rank 0 forgets an unfinished gather and destroys the group; rank 1 sends its piece only then.
+
+    gloo finishes the gather inside the destroy, and its last reference to the gathered tensors,
+    whose Python objects the program has dropped, needs the GIL to go."""
+    store = dist.distributed_c10d._get_default_store()
+    if rank == 0:
+        work = dist.gather(torch.ones(1), [torch.zeros(1) for _ in range(world)], dst=0, async_op=True)
+        del work
+        store.set("destroying", "1")
+        dist.destroy_process_group()
+        return "destroyed"
+    store.wait(["destroying"])
+    time.sleep(1)  # rank 0 is inside destroy_process_group by now
+    dist.gather(torch.ones(1), None, dst=0)
+    return "sent"
+
+
+def test_destroying_the_group_while_a_delegated_gather_is_in_flight_does_not_hang():
+    assert run_ranks(2, _gather_in_flight_at_teardown, backend="ringreduce", timeout=60) == ["destroyed", "sent"]
+
+
 BARRIER_TIMEOUT = datetime.timedelta(seconds=1)
 
 

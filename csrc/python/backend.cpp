@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <thread>
 
 #include "python/calls.h"
@@ -93,6 +94,18 @@ RingReduceBackend::RingReduceBackend(c10::intrusive_ptr<c10d::Store> store, int 
       cuda_fallback_(std::move(cuda_fallback)),
       algorithm_(algorithm),
       announce_(announce) {}
+
+RingReduceBackend::~RingReduceBackend() {
+  // torch drops a group's last reference with the GIL held. gloo's destructor joins its threads,
+  // and the last work one of them drops may hold tensors whose Python objects only the GIL frees:
+  // the members go without it.
+  std::optional<py::gil_scoped_release> without_gil;
+  if (Py_IsInitialized() && PyGILState_Check()) without_gil.emplace();
+  fallback_.reset();
+  cuda_fallback_.reset();
+  gpus_.clear();
+  cpu_.reset();
+}
 
 uint64_t RingReduceBackend::getSequenceNumberForGroup() {
   std::lock_guard<std::mutex> lock(mutex_);

@@ -29,6 +29,7 @@ class RingReduceBackend final : public c10d::Backend {
   RingReduceBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::chrono::milliseconds timeout,
                     std::shared_ptr<Communicator> cpu, c10::intrusive_ptr<c10d::Backend> fallback,
                     c10::intrusive_ptr<c10d::Backend> cuda_fallback, Algorithm algorithm, bool announce);
+  ~RingReduceBackend() override;
 
   const std::string getBackendName() const override { return "ringreduce"; }
   uint64_t getSequenceNumberForGroup() override;
