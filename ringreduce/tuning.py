@@ -1,6 +1,11 @@
-"""The table behind algorithm="auto": which all-reduce algorithm runs at which size.
+"""What algorithm="auto" runs: learned online, unless a table says otherwise.
 
-A table is a small JSON file::
+With no table, each communicator on host memory learns on the machine it runs on: the first calls
+of each size class try ring, central and one-shot, the group's slowest time decides, and one call
+in a thousand looks again (engine/auto_choice.h). Before that, and on devices, theory's prior runs:
+one-shot up to 64 KiB on host memory, ring above and on devices.
+
+A table fixes the choice on the transports it has lines for. It is a small JSON file::
 
     {"format": 1, "measured": "...", "lines": [
         {"transport": "shm", "world": 2, "up_to_bytes": 65536, "algorithm": "one_shot"},
@@ -10,8 +15,8 @@ Calls on a transport use the lines measured at the largest world size not above 
 smallest measured, when all are above); the first line, in ascending ``up_to_bytes``, that covers
 the call's bytes names the algorithm (``null``: any size); ring where none does. The table is read
 on import from ``RINGREDUCE_TUNING_FILE``, else from ``~/.cache/ringreduce/tuning.json`` (what
-``python -m ringreduce.tune`` writes), else the defaults below. Every rank must use the same table:
-ranks that choose differently raise MismatchError on their first such call.
+``python -m ringreduce.tune`` writes). Every rank must use the same table: ranks that choose
+differently raise MismatchError on their first such call.
 """
 
 import json
@@ -22,25 +27,8 @@ from ringreduce._checks import ALGORITHM_CODES
 
 FILE_ENV = "RINGREDUCE_TUNING_FILE"
 FORMAT = 1
-
-# `python -m ringreduce.tune` on the 2-core development machine, 2026-11-30 (the times behind
-# each line are in benchmarks/RESULTS.md, "Small messages and auto"). pg and nccl have no lines:
-# they run ring, the algorithm measured for them before auto existed.
-DEFAULT_LINES = [
-    {"transport": "local", "world": 2, "up_to_bytes": 65536, "algorithm": "one_shot"},
-    {"transport": "local", "world": 2, "up_to_bytes": None, "algorithm": "central"},
-    {"transport": "local", "world": 4, "up_to_bytes": 262144, "algorithm": "one_shot"},
-    {"transport": "local", "world": 4, "up_to_bytes": 16777216, "algorithm": "ring"},
-    {"transport": "local", "world": 4, "up_to_bytes": None, "algorithm": "central"},
-    {"transport": "shm", "world": 2, "up_to_bytes": 4096, "algorithm": "central"},
-    {"transport": "shm", "world": 2, "up_to_bytes": 32768, "algorithm": "one_shot"},
-    {"transport": "shm", "world": 2, "up_to_bytes": 33554432, "algorithm": "ring"},
-    {"transport": "shm", "world": 2, "up_to_bytes": None, "algorithm": "central"},
-    {"transport": "shm", "world": 4, "up_to_bytes": 8192, "algorithm": "one_shot"},
-    {"transport": "shm", "world": 4, "up_to_bytes": 65536, "algorithm": "central"},
-    {"transport": "shm", "world": 4, "up_to_bytes": 8388608, "algorithm": "ring"},
-    {"transport": "shm", "world": 4, "up_to_bytes": None, "algorithm": "central"},
-]
+# Where load() says the choice comes from when no table is given.
+LEARNED = "no table: auto learns online"
 
 
 def default_path() -> str:
@@ -77,12 +65,12 @@ def install(lines, source: str) -> None:
 
 
 def load() -> str:
-    """Installs the table from the environment's file, the default path or the shipped defaults,
-    and returns where it came from."""
+    """Installs the table of the environment's file or the default path (none when neither is
+    there: auto learns), and returns where the choice comes from."""
     path = os.environ.get(FILE_ENV) or (default_path() if os.path.exists(default_path()) else None)
     if path is None:
-        install(DEFAULT_LINES, "the shipped defaults")
-        return "the shipped defaults"
+        install([], LEARNED)
+        return LEARNED
     try:
         with open(path) as f:
             table = json.load(f)
@@ -93,5 +81,5 @@ def load() -> str:
     return path
 
 
-# Each table line is said the first time it is chosen (C++ calls ringreduce._debug.info_once).
+# What auto chooses, and why, is said under RINGREDUCE_DEBUG=INFO (C++ calls ringreduce._debug.info_once).
 _C.set_auto_logging(_debug.enabled())

@@ -1,6 +1,9 @@
-"""algorithm="auto": the table that chooses, the files it comes from, and what it runs."""
+"""algorithm="auto": the table that fixes the choice, the files it comes from, the learner that
+chooses without one, and what they run."""
 
+import gc
 import json
+import re
 
 import pytest
 import torch
@@ -8,6 +11,7 @@ import torch
 import ringreduce
 from ringreduce import _C, tuning
 from ringreduce._checks import ALGORITHM_CODES
+from multiproc import run_ranks
 from reference import ALL_DTYPES, R, assert_bitwise_equal, exact_inputs, ops_for, reference
 
 NAMES = {code: name for name, code in ALGORITHM_CODES.items()}
@@ -43,16 +47,23 @@ def test_the_largest_measured_world_not_above_applies(table):
     assert choice("shm", 1, 100) == "one_shot"  # below every measured world: the smallest
 
 
-def test_no_lines_means_ring_and_one_shot_stays_off_devices(table):
-    assert choice("pg", 2, 100) == "ring"
+def test_without_lines_the_prior_from_theory_applies(table):
+    """One-shot for small messages on host memory, ring for large ones and on devices."""
+    assert choice("pg", 2, 100) == "one_shot"
+    assert choice("pg", 2, 64 << 10) == "one_shot"
+    assert choice("pg", 2, (64 << 10) + 1) == "ring"
     assert choice("shm", 2, 100, host_memory=False) == "ring"
 
 
-def test_every_shipped_line_is_valid_and_every_transport_ends_in_any_size():
-    lines = tuning.validate({"format": tuning.FORMAT, "lines": tuning.DEFAULT_LINES}, "defaults")
-    for key in {(l["transport"], l["world"]) for l in lines}:
-        sizes = [l["up_to_bytes"] for l in lines if (l["transport"], l["world"]) == key]
-        assert sizes[-1] is None and all(s is not None for s in sizes[:-1]), key
+def test_with_no_file_auto_learns(tmp_path, monkeypatch):
+    monkeypatch.delenv(tuning.FILE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no ~/.cache/ringreduce/tuning.json either
+    try:
+        assert tuning.load() == tuning.LEARNED
+        assert choice("shm", 4, 1 << 30) == "ring"
+    finally:
+        monkeypatch.undo()
+        tuning.load()
 
 
 @pytest.mark.parametrize("table_text, complaint", [
@@ -118,3 +129,121 @@ def test_auto_on_local_ranks_matches_the_closed_form_at_every_size(world):
 def test_an_unknown_algorithm_names_the_choices():
     with pytest.raises(ValueError, match="'auto', 'ring', 'central' or 'one_shot'"):
         ringreduce.all_reduce(torch.ones(3), algorithm="two_shot", group=ringreduce.LocalWorld(1).group(0))
+
+
+LEARNED_LINE = re.compile(r"auto on (\w+) with (\d+) ranks, (\d+)-(\d+) B: tried ring ([\d.]+) us, central ([\d.]+) us, "
+                          r"one_shot ([\d.]+) us \(the slowest rank, fastest of 2 calls each\): (\w+)")
+# Calls of a size class until its first choice: an untimed round and two timed rounds of three
+# candidates, then the exchange of the times (engine/auto_choice.h).
+FIRST_EXPLORATION_CALLS = 3 + 2 * 3
+
+
+# The environment of processes that must find no table (and learn).
+NO_TABLE = {"RINGREDUCE_TUNING_FILE": "", "XDG_CACHE_HOME": "/nonexistent/ringreduce-test-cache"}
+
+
+def learned_lines(text):
+    return [m.groups() for m in LEARNED_LINE.finditer(text)]
+
+
+def counted_inputs(world, numel, call):
+    """Rank r holds (r + 1) * i + call at index i: sums exact in float32."""
+    return [torch.arange(numel, dtype=torch.float32) * (r + 1) + call for r in range(world)]
+
+
+def counted_sum(world, numel, call):
+    return (torch.arange(numel, dtype=torch.float64) * sum(range(1, world + 1)) + world * call).float()
+
+
+@pytest.fixture
+def learning(monkeypatch, capsys):
+    """No table (auto learns), RINGREDUCE_DEBUG=INFO; yields a reader of what was said."""
+    tuning.install([], tuning.LEARNED)
+    monkeypatch.setenv("RINGREDUCE_DEBUG", "INFO")
+    _C.set_auto_logging(True)
+    yield lambda: capsys.readouterr().err
+    _C.set_auto_logging(False)
+    tuning.load()
+
+
+def assert_the_fastest_won(line):
+    """The prior (one_shot at these sizes) stays unless another candidate beats it by the margin."""
+    times = {"ring": float(line[4]), "central": float(line[5]), "one_shot": float(line[6])}
+    chosen = line[7]
+    fastest = min(times.values())
+    assert times[chosen] == fastest or (chosen == "one_shot" and fastest >= times["one_shot"] * 0.95 - 0.1), line
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_learning_tries_every_candidate_and_keeps_the_fastest_with_exact_results_throughout(world, learning):
+    local = ringreduce.LocalWorld(world)
+    numel = 3000  # 12000 B of float32: one size class
+    for call in range(FIRST_EXPLORATION_CALLS + 3):
+        tensors = counted_inputs(world, numel, call)
+        local.all_reduce(tensors, algorithm="auto")
+        assert_bitwise_equal(tensors, counted_sum(world, numel, call), f"call {call}")
+    lines = learned_lines(learning())
+    assert len(lines) == 1, lines  # one decision, said once: every rank reached the same
+    assert lines[0][:4] == ("local", str(world), "8192", "16383")
+    assert_the_fastest_won(lines[0])
+
+
+def test_the_trace_marks_the_exploring_calls_and_the_exchange(tmp_path, monkeypatch, learning):
+    monkeypatch.setenv("RINGREDUCE_TRACE", str(tmp_path))
+    local = ringreduce.LocalWorld(2)
+    extra = 4
+    for call in range(FIRST_EXPLORATION_CALLS + extra):
+        local.all_reduce(counted_inputs(2, 3000, call), algorithm="auto")
+    ringreduce.destroy()
+    del local
+    gc.collect()  # the communicators go, and write their files
+    files = sorted(tmp_path.glob("ringreduce-local-rank*of2-*.json"))
+    assert len(files) == 2, files
+    for f in files:
+        collectives = [e for e in json.loads(f.read_text())["traceEvents"] if e.get("cat") == "collective"]
+        roles = [e["args"].get("auto") for e in collectives]
+        assert roles == ["explore"] * FIRST_EXPLORATION_CALLS + ["exchange"] + [None] * extra, roles
+        tried = [e["args"]["algorithm"] for e in collectives[:FIRST_EXPLORATION_CALLS]]
+        assert tried == ["ring", "central", "one_shot"] * 3, tried
+        chosen = {e["args"]["algorithm"] for e in collectives[-extra:]}
+        assert len(chosen) == 1, chosen
+
+
+def _learn_on_shm(rank, world):
+    """Exact results in every call of two size classes while auto learns; what RINGREDUCE_DEBUG said."""
+    import io
+    import sys
+
+    sys.stderr = captured = io.StringIO()
+    _C.set_auto_logging(True)  # ringreduce was imported before the harness set RINGREDUCE_DEBUG
+    for numel in (1000, 100_000):
+        for call in range(FIRST_EXPLORATION_CALLS + 2):
+            tensor = counted_inputs(world, numel, call)[rank]
+            ringreduce.all_reduce(tensor, algorithm="auto", transport="shm")
+            assert torch.equal(tensor, counted_sum(world, numel, call)), (numel, call)
+    return learned_lines(captured.getvalue())
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_every_process_decides_on_the_same_slowest_rank_times(world):
+    """Each rank's own clock differs; the numbers every rank logs and decides on are the group's."""
+    lines = run_ranks(world, _learn_on_shm, env={"RINGREDUCE_DEBUG": "INFO", **NO_TABLE})
+    assert all(len(rank_lines) == 2 for rank_lines in lines), lines
+    assert all(rank_lines == lines[0] for rank_lines in lines), lines
+    for line in lines[0]:
+        assert line[0] == "shm" and line[1] == str(world)
+        assert_the_fastest_won(line)
+
+
+def _ragged_while_exploring(rank, world):
+    for call in range(4):  # into the timed rounds of the first exploration
+        ringreduce.all_reduce(torch.ones(1000), algorithm="auto", transport="shm")
+    try:
+        ringreduce.all_reduce(torch.ones(1000 + rank), algorithm="auto", transport="shm")
+    except ringreduce.MismatchError as error:
+        return "MismatchError" if "disagree" in str(error) else str(error)
+    return "returned"
+
+
+def test_a_mismatch_while_exploring_raises_on_every_rank():
+    assert run_ranks(3, _ragged_while_exploring, env=NO_TABLE) == ["MismatchError"] * 3

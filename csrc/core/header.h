@@ -8,8 +8,8 @@
 
 namespace ringreduce {
 
-// The all-reduce algorithms. Auto is never run: a call resolves it to one of the others from the
-// tuning table (engine/auto_choice.h) before the header is made.
+// The all-reduce algorithms. Auto is never run: the communicator resolves it to one of the others
+// (engine/auto_choice.h) before the header is made.
 enum class Algorithm : int { Ring, Central, OneShot, Auto };
 
 // The collectives the engine runs.

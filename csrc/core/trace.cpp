@@ -130,6 +130,7 @@ void TraceRecorder::write() const {
     if (e.algorithm != nullptr) {
       std::fprintf(out, ",\"algorithm\":\"%s\",\"transport\":\"%s\",\"dtype\":\"%s\",\"op\":\"%s\"", e.algorithm,
                    transport_.c_str(), e.dtype, e.op);
+      if (e.auto_role != nullptr) std::fprintf(out, ",\"auto\":\"%s\"", e.auto_role);
     } else {
       std::fprintf(out, ",\"peer\":%d,\"lane\":%u", e.peer, e.lane);
     }

@@ -38,6 +38,7 @@ struct TraceEvent {
   const char* algorithm = nullptr;  // collectives only
   const char* dtype = nullptr;
   const char* op = nullptr;
+  const char* auto_role = nullptr;  // "explore" (auto trying a candidate), "exchange" (its times) or null
 };
 
 // The events of one communicator. Its collectives run one at a time, so one buffer serves them

@@ -1,8 +1,13 @@
-// algorithm="auto": the all-reduce algorithm for a call, chosen by its bytes, world size and
-// transport from a table. `python -m ringreduce.tune` measures the table on the user's machine;
-// ringreduce/tuning.py loads it (or the shipped defaults) and hands it over here.
+// algorithm="auto": the all-reduce algorithm for a call.
+//
+// A table the user gives (`python -m ringreduce.tune` writes one; ringreduce/tuning.py loads it)
+// fixes the choice on the transports it has lines for. Everywhere else a communicator on host
+// memory learns online (AutoLearner): the first calls of each size class try every candidate, the
+// group's slowest time decides, and a small fraction of later calls checks the choice again. On a
+// device, whose calls return before the work is done, the prior from theory stands.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -20,19 +25,89 @@ struct AutoRule {
   Algorithm algorithm = Algorithm::Ring;
 };
 
-// Replaces the table; `source` says where it came from (a file, or the shipped defaults).
+// Replaces the table; `source` says where it came from. An empty table leaves every choice to the
+// learner and the prior.
 void set_auto_table(std::vector<AutoRule> rules, std::string source);
 
-// Hears a sentence the first time each line of the table is chosen (RINGREDUCE_DEBUG=INFO); null
-// turns it off. A plain function, never a closure: the logger lives in a global, which is destroyed
-// after the Python interpreter, so it must hold nothing of Python's.
+// Hears what auto decides (RINGREDUCE_DEBUG=INFO); null turns it off. A plain function, never a
+// closure: the logger lives in a global, which is destroyed after the Python interpreter, so it
+// must hold nothing of Python's.
 using AutoLogger = void (*)(const std::string& sentence);
 void set_auto_logger(AutoLogger logger);
+AutoLogger auto_logger();
 
-// The algorithm for `bytes` on `transport` with `world` ranks. The lines measured at the largest
-// world size not above `world` apply (the smallest measured, when all are above it); the first
-// line that covers `bytes` wins, and ring where none does. One-shot is for host memory only: on a
-// device it gives way to ring.
+// Messages up to this size start on one-shot on host memory (one step, every rank reads every
+// other's buffer), larger ones on ring (2(N-1) steps, but each rank moves only 2(N-1)/N of the
+// message). 64 KiB: where the ring's bandwidth saving outweighs its extra steps on the shm
+// transport at 2 and 4 ranks (benchmarks/RESULTS.md, "Small messages and auto"); the learner
+// corrects it on any other machine.
+constexpr std::uint64_t kOneShotPriorBytes = 64 * 1024;
+
+// What theory says before anything is measured: one-shot for small messages on host memory, ring
+// otherwise (one-shot does not run on a device).
+Algorithm prior_algorithm(std::uint64_t bytes, bool host_memory);
+
+// Whether the table has lines for `transport` (then they fix the choice there).
+bool table_covers(const std::string& transport);
+
+// The fixed choice for `bytes` on `transport` with `world` ranks: the table's when it covers the
+// transport, else the prior. Of the table, the lines measured at the largest world size not above
+// `world` apply (the smallest measured, when all are above it); the first line that covers `bytes`
+// wins, and ring where none does. One-shot gives way to ring on a device.
 Algorithm choose_algorithm(const std::string& transport, int world, std::uint64_t bytes, bool host_memory);
+
+// Rounds of trials per exploration: each candidate runs this many calls and keeps its fastest, so
+// a call that the scheduler preempted, or that paid a first touch, does not count against it.
+constexpr int kAutoRounds = 2;
+// Calls of a size class between two explorations of it. An exploration costs at most
+// kAutoRounds * (candidates - 1) calls of the slower candidates: 4 of 1000 calls, under 1% even
+// where the worst candidate takes twice the time of the best.
+constexpr std::uint64_t kAutoRevisitEvery = 1000;
+// A candidate replaces the current choice only when it is this much faster, so measurement noise
+// does not flip the choice back and forth.
+constexpr double kAutoSwitchMargin = 0.05;
+
+// The online choice of one communicator. Pure bookkeeping: the communicator times the calls and
+// hands over the group's slowest times; every rank holds the same counts and the same times, so
+// every rank reaches the same choice for the same call (the call header carries it, and a rank that
+// differed would raise MismatchError).
+class AutoLearner {
+ public:
+  static constexpr int kMaxCandidates = 3;
+  using Times = std::array<std::int64_t, kMaxCandidates * kAutoRounds>;
+
+  AutoLearner(std::string transport, int world, bool host_memory);
+
+  struct Pick {
+    Algorithm algorithm = Algorithm::Ring;
+    bool exploring = false;
+  };
+  // The algorithm of the next call of `bytes`.
+  Pick pick(std::uint64_t bytes);
+  // This rank's time of the exploring call just picked. True when it ended its round: then
+  // round_times() goes through an all-reduce (MAX) across the group, and decide() follows.
+  bool record(std::uint64_t bytes, std::int64_t nanoseconds);
+  Times& round_times(std::uint64_t bytes) { return size_class(bytes).times; }
+  // Takes the fastest candidate of the round's (group-wide) times; says so through the logger.
+  void decide(std::uint64_t bytes);
+
+ private:
+  struct SizeClass {
+    Algorithm chosen = Algorithm::Ring;
+    bool decided = false;
+    bool exploring = false;
+    // The exploring call next picked: from 0 in the rounds; the class's first exploration starts
+    // with an untimed round from -candidates, as a first call pays for pages and buffers it touches.
+    int trial = 0;
+    std::uint64_t since_decided = 0;  // calls since the last decision
+    Times times{};
+  };
+  SizeClass& size_class(std::uint64_t bytes);
+
+  std::string transport_;
+  int world_;
+  std::vector<Algorithm> candidates_;
+  std::array<SizeClass, 65> classes_;  // by bit width of the size: 0 B, 1 B, 2-3 B, 4-7 B, ...
+};
 
 }  // namespace ringreduce

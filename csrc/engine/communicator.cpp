@@ -77,6 +77,48 @@ void* Communicator::host_scratch(std::size_t bytes) {
 }
 
 void Communicator::run(const CollectiveArgs& args) {
+  if (args.collective != Collective::AllReduce || args.algorithm != Algorithm::Auto) {
+    run_resolved(args, nullptr);
+    return;
+  }
+  const std::uint64_t bytes = args.numel * element_size(args.dtype);
+  const AutoLearner::Pick pick = resolve_auto(bytes);
+  CollectiveArgs resolved = args;
+  resolved.algorithm = pick.algorithm;
+  if (!pick.exploring) {
+    run_resolved(resolved, nullptr);
+    return;
+  }
+  const auto started = std::chrono::steady_clock::now();
+  run_resolved(resolved, "explore");
+  const auto took = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started);
+  if (learner_->record(bytes, took.count())) share_auto_times(bytes);
+}
+
+AutoLearner::Pick Communicator::resolve_auto(std::uint64_t bytes) {
+  const bool host_memory = stream_ == nullptr;
+  // A table the user gave wins where it has lines. A device's calls return before its work is
+  // done, so the host cannot time them: there the prior stands.
+  if (size() == 1 || bytes == 0 || !host_memory || table_covers(transport_name())) {
+    return {choose_algorithm(transport_name(), size(), bytes, host_memory), false};
+  }
+  if (!learner_) learner_ = std::make_unique<AutoLearner>(transport_name(), size(), host_memory);
+  return learner_->pick(bytes);
+}
+
+void Communicator::share_auto_times(std::uint64_t bytes) {
+  AutoLearner::Times& times = learner_->round_times(bytes);
+  CollectiveArgs exchange;
+  exchange.data = times.data();
+  exchange.numel = times.size();
+  exchange.dtype = DType::Int64;
+  exchange.op = ReduceOp::Max;
+  exchange.algorithm = Algorithm::OneShot;  // a few dozen bytes, on host memory (the only memory that learns)
+  run_resolved(exchange, "exchange");
+  learner_->decide(bytes);
+}
+
+void Communicator::run_resolved(const CollectiveArgs& args, const char* auto_role) {
   if (!broken_.message.empty()) {
     AbortNotice again = broken_;
     again.message = "ringreduce: this group's " + std::string(transport_->name()) +
@@ -167,6 +209,7 @@ void Communicator::run(const CollectiveArgs& args) {
       event.algorithm = algorithm_of(args);
       event.dtype = dtype_name(args.dtype);
       event.op = op_name(args.op);
+      event.auto_role = auto_role;
       trace_->record(event);
     }
   } catch (const MismatchError& error) {

@@ -12,6 +12,7 @@
 #include "core/stream_context.h"
 #include "core/trace.h"
 #include "core/transport.h"
+#include "engine/auto_choice.h"
 #include "engine/executor.h"
 
 namespace ringreduce {
@@ -66,9 +67,16 @@ class Communicator {
 
   // Runs one collective on the calling thread; call it from a job of executor(). After a failure
   // the transport is aborted, every rank raises the same error, and every later call raises it again.
+  // An all-reduce of algorithm Auto runs what the table, the learner or the prior chooses.
   void run(const CollectiveArgs& args);
 
  private:
+  // The algorithm an Auto all-reduce of `bytes` runs, and whether the learner is trying it.
+  AutoLearner::Pick resolve_auto(std::uint64_t bytes);
+  // Ends an exploration round: every rank's times go through an all-reduce (MAX), so the learner of
+  // every rank decides on the same, slowest-rank, numbers.
+  void share_auto_times(std::uint64_t bytes);
+  void run_resolved(const CollectiveArgs& args, const char* auto_role);
   const Reducer& reducer(DType dtype, ReduceOp op);
   // Host memory of at least `bytes`, kept for later calls (one-shot's accumulator).
   void* host_scratch(std::size_t bytes);
@@ -86,6 +94,7 @@ class Communicator {
   ReducerFactory make_reducer_;
   // Reducers made so far, by dtype and op: a call reuses them instead of allocating.
   std::unique_ptr<Reducer> reducers_[kDTypeCount][kReduceOpCount];
+  std::unique_ptr<AutoLearner> learner_;  // made by the first Auto call that learns
   std::uint64_t sequence_ = 0;  // collectives issued so far (travels in the headers)
   AbortNotice broken_;          // why the communicator stopped; empty message while healthy
   std::shared_ptr<void> caller_state_;

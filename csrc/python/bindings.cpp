@@ -293,14 +293,14 @@ PYBIND11_MODULE(_C, m) {
       "Replaces the auto table: (transport, world, up_to_bytes, algorithm code) lines.");
   m.def(
       "set_auto_logging", [](bool on) { set_auto_logger(on ? &debug_info : nullptr); }, py::arg("on"),
-      "Says the first use of each auto table line through ringreduce._debug (RINGREDUCE_DEBUG=INFO).");
+      "Says what auto chooses, and why, through ringreduce._debug (RINGREDUCE_DEBUG=INFO).");
   m.def(
       "choose_algorithm",
       [](const std::string& transport, int world, std::uint64_t bytes, bool host_memory) {
         return static_cast<int>(choose_algorithm(transport, world, bytes, host_memory));
       },
       py::arg("transport"), py::arg("world"), py::arg("bytes"), py::arg("host_memory") = true,
-      "The algorithm code auto picks for such a call.");
+      "The algorithm code of the table, or of the prior where the table has no lines (what auto runs before it learns).");
 
   py::class_<RingReduceBackend, c10d::Backend, c10::intrusive_ptr<RingReduceBackend>>(
       m, "Backend", "The torch.distributed backend \"ringreduce\" (registered by ringreduce.backend).")

@@ -16,7 +16,6 @@
 
 #include <ATen/record_function.h>
 
-#include "engine/auto_choice.h"
 #include "python/glue.h"
 
 namespace py = pybind11;
@@ -323,11 +322,6 @@ DType copy_dtype(const at::Tensor& tensor, std::size_t* numel) {
 Call all_reduce_call(Communicator& communicator, const at::Tensor& tensor, ReduceOp op, Algorithm algorithm,
                      std::size_t segment_bytes, int root) {
   const DType dtype = to_dtype(tensor, op);
-  if (algorithm == Algorithm::Auto) {
-    algorithm = choose_algorithm(communicator.transport_name(), communicator.size(),
-                                 static_cast<std::uint64_t>(tensor.numel()) * tensor.element_size(),
-                                 communicator.stream_context() == nullptr);
-  }
   if (algorithm == Algorithm::OneShot && communicator.stream_context() != nullptr) {
     throw std::invalid_argument("ringreduce: algorithm 'one_shot' runs on host transports only; use 'auto', 'ring' "
                                 "or 'central' on a device (CUDA, or the simulated one)");
