@@ -23,10 +23,17 @@ struct AutoTable {
 std::mutex table_mutex;
 std::shared_ptr<const AutoTable> table = std::make_shared<AutoTable>();
 AutoLogger logger = nullptr;
-std::set<std::pair<std::uint64_t, std::size_t>> logged;  // (table generation, line) already announced
+// (table generation, line) already announced; past the lines, rules.size() + 1 + the prior's algorithm.
+std::set<std::pair<std::uint64_t, std::size_t>> logged;
 
 std::string bytes_text(std::uint64_t bytes) {
   return bytes == UINT64_MAX ? std::string("any size") : detail::concat("up to ", bytes, " B");
+}
+
+// Whether (table generation, what was chosen) is said for the first time.
+bool first_time(std::uint64_t generation, std::size_t chosen) {
+  const std::lock_guard<std::mutex> lock(table_mutex);
+  return logged.insert({generation, chosen}).second;
 }
 
 std::shared_ptr<const AutoTable> current_table() {
@@ -75,7 +82,17 @@ Algorithm choose_algorithm(const std::string& transport, int world, std::uint64_
     if (rule.world <= world) below = std::max(below, rule.world);
     smallest = std::min(smallest, rule.world);
   }
-  if (smallest == INT_MAX) return prior_algorithm(bytes, host_memory);
+  const AutoLogger log = auto_logger();
+  if (smallest == INT_MAX) {
+    const Algorithm prior = prior_algorithm(bytes, host_memory);
+    if (log && first_time(current->generation, rules.size() + 1 + static_cast<std::size_t>(prior))) {
+      log(detail::concat("auto chose ", algorithm_name(prior), " for ", bytes, " B on ", transport, " with ", world,
+                         " ranks: the prior (one_shot up to ", kOneShotPriorBytes,
+                         " B on host memory, ring above and on devices), as no table covers ", transport,
+                         " and this group does not learn (it learns on host memory with 2 ranks or more)"));
+    }
+    return prior;
+  }
   const int measured = below >= 0 ? below : smallest;
   std::size_t chosen = rules.size();
   for (std::size_t i = 0; i < rules.size(); ++i) {
@@ -86,25 +103,16 @@ Algorithm choose_algorithm(const std::string& transport, int world, std::uint64_
   }
   Algorithm algorithm = chosen < rules.size() ? rules[chosen].algorithm : Algorithm::Ring;
   if (algorithm == Algorithm::OneShot && !host_memory) algorithm = Algorithm::Ring;
-  const AutoLogger log = auto_logger();
-  if (log) {
-    bool first;
-    {
-      const std::lock_guard<std::mutex> lock(table_mutex);
-      first = logged.insert({current->generation, chosen}).second;
-    }
-    if (first) {
-      const std::string why =
-          chosen == rules.size()
-              ? detail::concat("no line of the table (", current->source, ") covers ", transport, " at ", bytes,
-                               " B: ring")
-              : detail::concat("the line \"", transport, ", ", measured, " ranks, ", bytes_text(rules[chosen].up_to_bytes),
-                               ": ", algorithm_name(rules[chosen].algorithm), "\" of ", current->source,
-                               host_memory || rules[chosen].algorithm != Algorithm::OneShot ? ""
-                                                                                            : " (one_shot is host-only: ring)");
-      log(detail::concat("auto chose ", algorithm_name(algorithm), " for ", bytes, " B on ", transport, " with ", world,
-                         " ranks: ", why));
-    }
+  if (log && first_time(current->generation, chosen)) {
+    const std::string why =
+        chosen == rules.size()
+            ? detail::concat("no line of the table (", current->source, ") covers ", transport, " at ", bytes, " B: ring")
+            : detail::concat("the line \"", transport, ", ", measured, " ranks, ", bytes_text(rules[chosen].up_to_bytes),
+                             ": ", algorithm_name(rules[chosen].algorithm), "\" of ", current->source,
+                             host_memory || rules[chosen].algorithm != Algorithm::OneShot ? ""
+                                                                                          : " (one_shot is host-only: ring)");
+    log(detail::concat("auto chose ", algorithm_name(algorithm), " for ", bytes, " B on ", transport, " with ", world,
+                       " ranks: ", why));
   }
   return algorithm;
 }
@@ -119,6 +127,13 @@ AutoLearner::SizeClass& AutoLearner::size_class(std::uint64_t bytes) {
   return classes_[static_cast<std::size_t>(std::bit_width(bytes))];
 }
 
+int AutoLearner::trial_calls(std::uint64_t bytes) {
+  // By the class's smallest size, so that every call of a class explores alike.
+  const int width = std::bit_width(bytes);
+  const std::uint64_t smallest = width == 0 ? 0 : std::uint64_t{1} << (width - 1);
+  return smallest < kAutoLargeBytes ? kAutoSmallTrialCalls : kAutoLargeTrialCalls;
+}
+
 AutoLearner::Pick AutoLearner::pick(std::uint64_t bytes) {
   SizeClass& size = size_class(bytes);
   const int count = static_cast<int>(candidates_.size());
@@ -131,27 +146,31 @@ AutoLearner::Pick AutoLearner::pick(std::uint64_t bytes) {
     size.trial = 0;
   }
   if (!size.exploring) return {size.chosen, false};
-  return {candidates_[static_cast<std::size_t>((size.trial + count) % count)], true};
+  const int candidate = size.trial < 0 ? size.trial + count : size.trial / trial_calls(bytes);
+  return {candidates_[static_cast<std::size_t>(candidate)], true};
 }
 
 bool AutoLearner::record(std::uint64_t bytes, std::int64_t nanoseconds) {
   SizeClass& size = size_class(bytes);
   if (size.trial >= 0) size.times[static_cast<std::size_t>(size.trial)] = nanoseconds;
-  return ++size.trial == static_cast<int>(candidates_.size()) * kAutoRounds;
+  return ++size.trial == static_cast<int>(candidates_.size()) * trial_calls(bytes);
 }
 
 void AutoLearner::decide(std::uint64_t bytes) {
   SizeClass& size = size_class(bytes);
   const std::size_t count = candidates_.size();
-  std::vector<std::int64_t> fastest(count, INT64_MAX);
-  for (std::size_t trial = 0; trial < count * kAutoRounds; ++trial) {
-    fastest[trial % count] = std::min(fastest[trial % count], size.times[trial]);
+  const int calls = trial_calls(bytes);
+  std::vector<std::int64_t> typical(count);  // each candidate's median call (the lower one of an even count)
+  for (std::size_t i = 0; i < count; ++i) {
+    const auto first = size.times.begin() + static_cast<std::ptrdiff_t>(i) * calls;
+    std::sort(first, first + calls);
+    typical[i] = *(first + (calls - 1) / 2);
   }
-  const std::size_t best = static_cast<std::size_t>(std::min_element(fastest.begin(), fastest.end()) - fastest.begin());
+  const std::size_t best = static_cast<std::size_t>(std::min_element(typical.begin(), typical.end()) - typical.begin());
   const std::size_t current =
       static_cast<std::size_t>(std::find(candidates_.begin(), candidates_.end(), size.chosen) - candidates_.begin());
   const Algorithm before = size.chosen;
-  if (static_cast<double>(fastest[best]) < static_cast<double>(fastest[current]) * (1.0 - kAutoSwitchMargin)) {
+  if (static_cast<double>(typical[best]) < static_cast<double>(typical[current]) * (1.0 - kAutoSwitchMargin)) {
     size.chosen = candidates_[best];
   }
   const bool first = !size.decided;
@@ -163,13 +182,13 @@ void AutoLearner::decide(std::uint64_t bytes) {
     const int width = std::bit_width(bytes);
     std::string measured;
     for (std::size_t i = 0; i < count; ++i) {
-      measured += detail::concat(i ? ", " : "", algorithm_name(candidates_[i]), " ", (fastest[i] + 50) / 100 / 10.0,
+      measured += detail::concat(i ? ", " : "", algorithm_name(candidates_[i]), " ", (typical[i] + 50) / 100 / 10.0,
                                  " us");
     }
     log(detail::concat("auto on ", transport_, " with ", world_, " ranks, ",
                        width == 0 ? 0 : std::uint64_t{1} << (width - 1), "-",
                        width == 64 ? UINT64_MAX : (std::uint64_t{1} << width) - 1, " B: tried ", measured,
-                       " (the slowest rank, fastest of ", kAutoRounds, " calls each): ", algorithm_name(size.chosen),
+                       " (the slowest rank, median of ", calls, " calls each): ", algorithm_name(size.chosen),
                        first ? (size.chosen == before ? " (the prior)" : detail::concat(" (the prior was ",
                                                                                         algorithm_name(before), ")"))
                              : detail::concat(" (was ", algorithm_name(before), ")")));

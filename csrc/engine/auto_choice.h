@@ -56,13 +56,18 @@ bool table_covers(const std::string& transport);
 // wins, and ring where none does. One-shot gives way to ring on a device.
 Algorithm choose_algorithm(const std::string& transport, int world, std::uint64_t bytes, bool host_memory);
 
-// Rounds of trials per exploration: each candidate runs this many calls and keeps its fastest, so
-// a call that the scheduler preempted, or that paid a first touch, does not count against it.
-constexpr int kAutoRounds = 2;
+// Timed calls of each candidate per exploration, one after another (the way a training loop
+// calls), judged by their median: a call the scheduler preempted, or that found the peers late,
+// does not decide. Five below kAutoLargeBytes, where a call takes microseconds and 4 ranks on 2
+// cores spread single calls over 2x; two above, where a call takes milliseconds, varies less, and
+// each extra call of a slow candidate costs as much as hundreds of small ones.
+constexpr int kAutoSmallTrialCalls = 5;
+constexpr int kAutoLargeTrialCalls = 2;
+constexpr std::uint64_t kAutoLargeBytes = 256 * 1024;
 // Calls of a size class between two explorations of it. An exploration costs at most
-// kAutoRounds * (candidates - 1) calls of the slower candidates: 4 of 1000 calls, under 1% even
-// where the worst candidate takes twice the time of the best.
-constexpr std::uint64_t kAutoRevisitEvery = 1000;
+// kAutoSmallTrialCalls * (candidates - 1) calls of the slower candidates: 10 of 2000 calls, about
+// 1% where the slower candidates take twice the time of the best.
+constexpr std::uint64_t kAutoRevisitEvery = 2000;
 // A candidate replaces the current choice only when it is this much faster, so measurement noise
 // does not flip the choice back and forth.
 constexpr double kAutoSwitchMargin = 0.05;
@@ -74,7 +79,7 @@ constexpr double kAutoSwitchMargin = 0.05;
 class AutoLearner {
  public:
   static constexpr int kMaxCandidates = 3;
-  using Times = std::array<std::int64_t, kMaxCandidates * kAutoRounds>;
+  using Times = std::array<std::int64_t, kMaxCandidates * kAutoSmallTrialCalls>;
 
   AutoLearner(std::string transport, int world, bool host_memory);
 
@@ -88,7 +93,8 @@ class AutoLearner {
   // round_times() goes through an all-reduce (MAX) across the group, and decide() follows.
   bool record(std::uint64_t bytes, std::int64_t nanoseconds);
   Times& round_times(std::uint64_t bytes) { return size_class(bytes).times; }
-  // Takes the fastest candidate of the round's (group-wide) times; says so through the logger.
+  // Takes the candidate whose median call was fastest in the (group-wide) times; says so through
+  // the logger.
   void decide(std::uint64_t bytes);
 
  private:
@@ -96,13 +102,15 @@ class AutoLearner {
     Algorithm chosen = Algorithm::Ring;
     bool decided = false;
     bool exploring = false;
-    // The exploring call next picked: from 0 in the rounds; the class's first exploration starts
-    // with an untimed round from -candidates, as a first call pays for pages and buffers it touches.
+    // The exploring call next picked: from 0, each candidate's timed calls in a row; the class's
+    // first exploration starts with an untimed call of each from -candidates, as a first call pays
+    // for the pages and buffers it touches.
     int trial = 0;
     std::uint64_t since_decided = 0;  // calls since the last decision
     Times times{};
   };
   SizeClass& size_class(std::uint64_t bytes);
+  static int trial_calls(std::uint64_t bytes);
 
   std::string transport_;
   int world_;
