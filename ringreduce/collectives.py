@@ -36,7 +36,7 @@ def all_reduce(
             of blocking. Async calls on one group complete in the order they were issued.
         algorithm: ``"ring"`` (reduce-scatter then all-gather), ``"central"`` (reduce at a
             root, then broadcast), ``"one_shot"`` (every rank reduces every rank's buffer; CPU
-            tensors, small messages) or ``"auto"`` (chosen by size from ringreduce.tuning's table).
+            tensors, small messages) or ``"auto"`` (learned online per size class; see ringreduce.tuning).
         transport: None chooses automatically; see ``build_info()["transports"]``.
         segment_bytes: pipeline segment size; default ``RINGREDUCE_SEGMENT_BYTES`` or the engine's.
         root: the reducing rank of the central algorithm (group rank).

@@ -70,7 +70,7 @@ def ring_hook(state, bucket) -> torch.futures.Future[torch.Tensor]:
 
 
 def auto_hook(state, bucket) -> torch.futures.Future[torch.Tensor]:
-    """Average the bucket with the algorithm the tuning table picks for its size (algorithm="auto")."""
+    """Average the bucket with the algorithm auto chooses for its size (learned online, or a tuning table)."""
     return _average(state, bucket, "auto")
 
 

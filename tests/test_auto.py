@@ -212,7 +212,7 @@ def test_the_trace_marks_the_exploring_calls_and_the_exchange(tmp_path, monkeypa
         assert len(chosen) == 1, chosen
 
 
-def _learn_on_shm(rank, world):
+def _learn(rank, world, transport):
     """Exact results in every call of two size classes while auto learns; what RINGREDUCE_DEBUG said."""
     import io
     import sys
@@ -222,19 +222,19 @@ def _learn_on_shm(rank, world):
     for numel in (1000, 100_000):  # 4000 B and 400,000 B: 5 timed calls of each candidate, and 2
         for call in range(first_exploration_calls(4 * numel) + 2):
             tensor = counted_inputs(world, numel, call)[rank]
-            ringreduce.all_reduce(tensor, algorithm="auto", transport="shm")
+            ringreduce.all_reduce(tensor, algorithm="auto", transport=transport)
             assert torch.equal(tensor, counted_sum(world, numel, call)), (numel, call)
     return learned_lines(captured.getvalue())
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_every_process_decides_on_the_same_slowest_rank_times(world):
+@pytest.mark.parametrize("world, transport", [(2, "shm"), (4, "shm"), (3, "pg")])
+def test_every_process_decides_on_the_same_slowest_rank_times(world, transport):
     """Each rank's own clock differs; the numbers every rank logs and decides on are the group's."""
-    lines = run_ranks(world, _learn_on_shm, env={"RINGREDUCE_DEBUG": "INFO", **NO_TABLE})
+    lines = run_ranks(world, _learn, transport, env={"RINGREDUCE_DEBUG": "INFO", **NO_TABLE})
     assert all(len(rank_lines) == 2 for rank_lines in lines), lines
     assert all(rank_lines == lines[0] for rank_lines in lines), lines
     for line in lines[0]:
-        assert line[0] == "shm" and line[1] == str(world)
+        assert line[0] == transport and line[1] == str(world)
         assert_the_fastest_won(line)
 
 
