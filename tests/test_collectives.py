@@ -175,6 +175,10 @@ def test_bad_shapes_and_arguments_are_refused_before_any_data_moves():
         ringreduce.all_gather_into_tensor(torch.zeros(6), torch.ones(3, dtype=torch.float64), group=group)
     with pytest.raises(ValueError, match="not a rank of this group"):
         ringreduce.broadcast(torch.ones(3), group_src=2, group=group)
+    untouched = torch.ones(3)
+    with pytest.raises(ValueError, match="central root 2 is not a rank of this group"):
+        ringreduce.all_reduce(untouched, algorithm="auto", root=2, group=group)  # auto may try central
+    assert torch.equal(untouched, torch.ones(3))
     with pytest.raises(ValueError, match="exactly one of src"):
         ringreduce.broadcast(torch.ones(3), group=group)
     with pytest.raises(TypeError, match="AVG is not defined for integer"):

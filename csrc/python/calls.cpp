@@ -326,7 +326,8 @@ Call all_reduce_call(Communicator& communicator, const at::Tensor& tensor, Reduc
     throw std::invalid_argument("ringreduce: algorithm 'one_shot' runs on host transports only; use 'auto', 'ring' "
                                 "or 'central' on a device (CUDA, or the simulated one)");
   }
-  if (algorithm == Algorithm::Central && (root < 0 || root >= communicator.size())) {
+  // (auto may try central: its root must be a rank too)
+  if ((algorithm == Algorithm::Central || algorithm == Algorithm::Auto) && (root < 0 || root >= communicator.size())) {
     throw std::invalid_argument(detail::concat("ringreduce: central root ", root, " is not a rank of this group (size ",
                                                communicator.size(), ")"));
   }
