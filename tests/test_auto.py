@@ -12,7 +12,7 @@ import ringreduce
 from ringreduce import _C, tuning
 from ringreduce._checks import ALGORITHM_CODES
 from multiproc import run_ranks
-from reference import ALL_DTYPES, R, assert_bitwise_equal, exact_inputs, ops_for, reference
+from reference import ALL_DTYPES, assert_bitwise_equal, exact_inputs, ops_for, reference
 
 NAMES = {code: name for name, code in ALGORITHM_CODES.items()}
 LINES = [

@@ -36,6 +36,12 @@ bool first_time(std::uint64_t generation, std::size_t chosen) {
   return logged.insert({generation, chosen}).second;
 }
 
+// The smallest size of the learner's size class of `bytes` (classes are bit widths).
+std::uint64_t class_floor(std::uint64_t bytes) {
+  const int width = std::bit_width(bytes);
+  return width == 0 ? 0 : std::uint64_t{1} << (width - 1);
+}
+
 std::shared_ptr<const AutoTable> current_table() {
   const std::lock_guard<std::mutex> lock(table_mutex);
   return table;
@@ -129,9 +135,7 @@ AutoLearner::SizeClass& AutoLearner::size_class(std::uint64_t bytes) {
 
 int AutoLearner::trial_calls(std::uint64_t bytes) {
   // By the class's smallest size, so that every call of a class explores alike.
-  const int width = std::bit_width(bytes);
-  const std::uint64_t smallest = width == 0 ? 0 : std::uint64_t{1} << (width - 1);
-  return smallest < kAutoLargeBytes ? kAutoSmallTrialCalls : kAutoLargeTrialCalls;
+  return class_floor(bytes) < kAutoLargeBytes ? kAutoSmallTrialCalls : kAutoLargeTrialCalls;
 }
 
 AutoLearner::Pick AutoLearner::pick(std::uint64_t bytes) {
@@ -179,15 +183,14 @@ void AutoLearner::decide(std::uint64_t bytes) {
   size.since_decided = 0;
   const AutoLogger log = auto_logger();
   if (log && (first || size.chosen != before)) {
-    const int width = std::bit_width(bytes);
+    const std::uint64_t floor = class_floor(bytes);
     std::string measured;
     for (std::size_t i = 0; i < count; ++i) {
       measured += detail::concat(i ? ", " : "", algorithm_name(candidates_[i]), " ", (typical[i] + 50) / 100 / 10.0,
                                  " us");
     }
-    log(detail::concat("auto on ", transport_, " with ", world_, " ranks, ",
-                       width == 0 ? 0 : std::uint64_t{1} << (width - 1), "-",
-                       width == 64 ? UINT64_MAX : (std::uint64_t{1} << width) - 1, " B: tried ", measured,
+    log(detail::concat("auto on ", transport_, " with ", world_, " ranks, ", floor, "-",
+                       floor == 0 ? 0 : floor * 2 - 1, " B: tried ", measured,
                        " (the slowest rank, median of ", calls, " calls each): ", algorithm_name(size.chosen),
                        first ? (size.chosen == before ? " (the prior)" : detail::concat(" (the prior was ",
                                                                                         algorithm_name(before), ")"))

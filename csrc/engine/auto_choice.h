@@ -38,9 +38,9 @@ AutoLogger auto_logger();
 
 // Messages up to this size start on one-shot on host memory (one step, every rank reads every
 // other's buffer), larger ones on ring (2(N-1) steps, but each rank moves only 2(N-1)/N of the
-// message). 64 KiB: where the ring's bandwidth saving outweighs its extra steps on the shm
-// transport at 2 and 4 ranks (benchmarks/RESULTS.md, "Small messages and auto"); the learner
-// corrects it on any other machine.
+// message). 64 KiB: within the one-shot crossovers `python -m ringreduce.tune` measured on the
+// 2-core machine on 2026-11-30 (shm 32 KiB at 2 ranks, local 64 KiB at 2 and 256 KiB at 4;
+// benchmarks/RESULTS.md, "Small messages and auto"); the learner corrects it wherever it is wrong.
 constexpr std::uint64_t kOneShotPriorBytes = 64 * 1024;
 
 // What theory says before anything is measured: one-shot for small messages on host memory, ring
