@@ -175,9 +175,7 @@ def _resolve(group, device, transport):
             "(or torchrun); for ranks as threads of one process use ringreduce.LocalWorld"
         )
     with _lock:
-        state = _states.get(group)
-        if state is None:
-            state = _states[group] = _GroupState(group)
+        state = _state_of(group)
         name, reason = state.choose(device_type) if transport is None else (transport, "requested")
         comm = state.communicators.get((name, device))
         if comm is None:
@@ -187,6 +185,23 @@ def _resolve(group, device, transport):
                 f"group {group.group_name!r} rank {comm.rank}/{comm.size}: transport {name} ({reason})",
             )
     return comm
+
+
+def _state_of(group):
+    state = _states.get(group)
+    if state is None:
+        state = _states[group] = _GroupState(group)
+    return state
+
+
+def group_state(group):
+    """ringreduce's state for a torch group (WORLD when None), made on first use."""
+    if group is None:
+        group = _world.default_pg
+        if group is None:
+            raise RuntimeError("ringreduce needs torch.distributed.init_process_group() first (or torchrun)")
+    with _lock:
+        return _state_of(group)
 
 
 def destroy(group=None) -> None:

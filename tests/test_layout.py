@@ -19,7 +19,8 @@ ALLOWED_INCLUDES = {
     "transports": {"core"},
     "cpu": {"core"},
     "cuda": {"core", "transports"},
-    "python": {"core", "algorithms", "engine", "transports", "cpu", "cuda"},
+    "ps": {"core"},
+    "python": {"core", "algorithms", "engine", "transports", "cpu", "cuda", "ps"},
 }
 SOURCE_SUFFIXES = {".h", ".cpp", ".cu", ".cuh"}
 QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)

@@ -23,6 +23,7 @@
 #include "python/exchange_trace.h"
 #include "python/glue.h"
 #include "python/issue_window_probe.h"
+#include "python/ps_bindings.h"
 #include "python/sim_controls.h"
 #include "python/watchdog_probe.h"
 #include "transports/local.h"
@@ -325,4 +326,5 @@ PYBIND11_MODULE(_C, m) {
   bind_issue_window_probe(m);
   bind_cuda_probes(m);
   bind_sim_controls(m);
+  bind_parameter_server(m);
 }

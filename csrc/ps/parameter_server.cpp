@@ -1,0 +1,280 @@
+#include "ps/parameter_server.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <stdexcept>
+
+#include "core/common.h"
+
+namespace ringreduce::ps {
+namespace {
+
+// Ranks of the two-rank transport between the server and one remote worker.
+constexpr int kServerSide = 0;
+constexpr int kWorkerSide = 1;
+
+std::uint64_t payload_bytes(std::size_t numel) { return numel * sizeof(float); }
+
+}  // namespace
+
+void sgd_update(float* params, const float* grad, std::size_t numel, float step) {
+  for (std::size_t i = 0; i < numel; ++i) params[i] -= step * grad[i];
+}
+
+ServerState::ServerState(float* params, std::size_t numel, int workers, std::int64_t staleness, Update update,
+                         bool keep_gradients)
+    : params_(params),
+      numel_(numel),
+      staleness_(staleness),
+      update_(std::move(update)),
+      keep_gradients_(keep_gradients),
+      steps_(workers, 0),
+      reads_(workers, 0),
+      pushing_(workers, true),
+      reports_(workers) {
+  RR_CHECK(workers >= 1, "a parameter server needs at least one worker");
+  RR_CHECK(staleness >= kUnbounded, "staleness bound ", staleness, " is neither unbounded nor >= 0");
+}
+
+void ServerState::apply(int worker, std::uint64_t version_read, const float* grad) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  progressed_.wait(lock, [&] { return stopped_ || may_apply(worker); });
+  RR_CHECK(!stopped_, "the parameter server has stopped");
+  RR_CHECK(pushing_[worker], "worker ", worker, " has left and may push no more");
+  RR_CHECK(version_read <= version_, "worker ", worker, " read version ", version_read, ", which the server (at version ",
+           version_, ") never had");
+  update_(params_, grad, numel_);
+  const std::uint64_t staleness = version_ - version_read;
+  log_.push_back(PushRecord{worker, steps_[worker], version_read, version_});
+  if (keep_gradients_) gradients_.emplace_back(grad, grad + numel_);
+  WorkerReport& report = reports_[worker];
+  ++report.pushes;
+  report.staleness_sum += staleness;
+  report.staleness_max = std::max(report.staleness_max, staleness);
+  ++steps_[worker];
+  ++version_;
+  progressed_.notify_all();
+}
+
+bool ServerState::may_start(int worker) const {
+  if (staleness_ == kUnbounded) return true;
+  std::uint64_t slowest = steps_[worker];
+  for (std::size_t other = 0; other < steps_.size(); ++other) {
+    if (pushing_[other]) slowest = std::min(slowest, steps_[other]);
+  }
+  return steps_[worker] <= slowest + static_cast<std::uint64_t>(staleness_);
+}
+
+bool ServerState::may_apply(int worker) const {
+  if (staleness_ == kUnbounded) return true;
+  // Has every worker still pushing read its parameters for step (this push's step - bound)?
+  const std::uint64_t step = steps_[worker];
+  if (step < static_cast<std::uint64_t>(staleness_)) return true;
+  const std::uint64_t reads_needed = step - static_cast<std::uint64_t>(staleness_) + 1;
+  for (std::size_t other = 0; other < reads_.size(); ++other) {
+    if (pushing_[other] && reads_[other] < reads_needed) return false;
+  }
+  return true;
+}
+
+std::uint64_t ServerState::read_for_next_step(int worker, float* out) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  progressed_.wait(lock, [&] { return stopped_ || may_start(worker); });
+  RR_CHECK(!stopped_, "the parameter server has stopped");
+  std::copy(params_, params_ + numel_, out);
+  ++reads_[worker];
+  progressed_.notify_all();
+  return version_;
+}
+
+void ServerState::leave(int worker, const std::string& lost) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!pushing_[worker]) return;
+  pushing_[worker] = false;
+  reports_[worker].lost = lost;
+  progressed_.notify_all();
+}
+
+void ServerState::stop() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stopped_ = true;
+  progressed_.notify_all();
+}
+
+std::uint64_t ServerState::version() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return version_;
+}
+
+std::vector<PushRecord> ServerState::log() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return log_;
+}
+
+std::vector<WorkerReport> ServerState::reports() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return reports_;
+}
+
+std::vector<std::vector<float>> ServerState::gradients() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return gradients_;
+}
+
+std::uint64_t LocalWorker::join(float* params) { return version_ = state_.read_for_next_step(rank_, params); }
+
+std::uint64_t LocalWorker::push(const float* grad, float* params) {
+  RR_CHECK(!left_, "this worker has left the parameter server");
+  state_.apply(rank_, version_, grad);
+  return version_ = state_.read_for_next_step(rank_, params);
+}
+
+void LocalWorker::leave() {
+  left_ = true;
+  state_.leave(rank_, "");
+}
+
+RemoteWorker::RemoteWorker(std::shared_ptr<Transport> transport, std::size_t numel, int server_rank)
+    : transport_(std::move(transport)), numel_(numel), server_rank_(server_rank) {
+  RR_CHECK(transport_->size() == 2 && transport_->rank() == kWorkerSide, "a worker's link is rank 1 of two ranks");
+}
+
+template <typename Body>
+auto RemoteWorker::guarded(Body body) {
+  RR_CHECK(broken_.empty(), broken_);
+  RR_CHECK(!left_, "this worker has left the parameter server");
+  try {
+    return body();
+  } catch (const std::invalid_argument&) {
+    throw;  // this rank's own mistake, said as such; the server was told
+  } catch (const std::exception& error) {
+    broken_ = detail::concat("ringreduce.ps: lost the parameter server (rank ", server_rank_, "): ", error.what());
+    try {
+      transport_->abort(AbortNotice{AbortNotice::Kind::Failure, broken_});
+    } catch (const std::exception&) {
+      // The server is gone already; there is nobody left to tell.
+    }
+    throw std::runtime_error(broken_);
+  }
+}
+
+Message RemoteWorker::receive_message() {
+  Message message;
+  transport_->wait(transport_->irecv(kServerSide, &message, sizeof message));
+  bytes_received_ += sizeof message;
+  RR_CHECK(message.kind == static_cast<std::uint32_t>(Kind::Params), "the server sent message kind ", message.kind,
+           " where parameters were due");
+  return message;
+}
+
+std::uint64_t RemoteWorker::receive_params(const Message& reply, float* params) {
+  RR_CHECK(reply.numel == numel_, "the server sent ", reply.numel, " parameters where ", numel_, " were due");
+  transport_->wait(transport_->irecv(kServerSide, params, payload_bytes(numel_)));
+  bytes_received_ += payload_bytes(numel_);
+  return version_ = reply.version;
+}
+
+std::uint64_t RemoteWorker::join(float* params) {
+  return guarded([&] {
+    const Message hello = receive_message();
+    if (hello.numel != numel_) {
+      // Take what the server sent, so it is not left waiting, and leave saying why.
+      std::vector<float> theirs(hello.numel);
+      transport_->wait(transport_->irecv(kServerSide, theirs.data(), payload_bytes(hello.numel)));
+      const Message message{static_cast<std::uint32_t>(Kind::Leave), 0, 0, 0, numel_};
+      transport_->wait(transport_->isend(kServerSide, &message, sizeof message));
+      transport_->flush();
+      left_ = true;
+      throw std::invalid_argument(detail::concat("ringreduce.ps: this rank's parameters have ", numel_,
+                                                 " elements, the server's (rank ", server_rank_, ") ", hello.numel,
+                                                 ": every rank must pass the same parameters"));
+    }
+    return receive_params(hello, params);
+  });
+}
+
+std::uint64_t RemoteWorker::push(const float* grad, float* params) {
+  return guarded([&] {
+    // One exchange: the gradient with the version it came from, then the parameters to go on with.
+    const Message message{static_cast<std::uint32_t>(Kind::Push), 0, step_, version_, numel_};
+    const Request header = transport_->isend(kServerSide, &message, sizeof message);
+    const Request payload = transport_->isend(kServerSide, grad, payload_bytes(numel_));
+    transport_->wait(header);
+    transport_->wait(payload);
+    bytes_sent_ += sizeof message + payload_bytes(numel_);
+    ++step_;
+    return receive_params(receive_message(), params);
+  });
+}
+
+void RemoteWorker::leave() {
+  guarded([&] {
+    const Message message{static_cast<std::uint32_t>(Kind::Leave), 0, step_, version_, numel_};
+    transport_->wait(transport_->isend(kServerSide, &message, sizeof message));
+    transport_->flush();
+    bytes_sent_ += sizeof message;
+  });
+  left_ = true;
+}
+
+ServerLink::ServerLink(ServerState& state, int worker, std::shared_ptr<Transport> transport)
+    : state_(state), worker_(worker), transport_(std::move(transport)) {
+  RR_CHECK(transport_->size() == 2 && transport_->rank() == kServerSide, "the server's link is rank 0 of two ranks");
+  thread_ = std::thread([this] { serve(); });
+}
+
+ServerLink::~ServerLink() { join(); }
+
+void ServerLink::join() {
+  if (thread_.joinable()) thread_.join();
+}
+
+void ServerLink::send_params(Message reply, std::vector<float>& params) {
+  const Request header = transport_->isend(kWorkerSide, &reply, sizeof reply);
+  const Request payload = transport_->isend(kWorkerSide, params.data(), payload_bytes(params.size()));
+  transport_->wait(header);
+  transport_->wait(payload);
+  bytes_sent_ += sizeof reply + payload_bytes(params.size());
+}
+
+void ServerLink::serve() {
+  const std::size_t numel = state_.numel();
+  std::vector<float> grad(numel), params(numel);
+  try {
+    // The worker joins with the parameters as they are now.
+    send_params(Message{static_cast<std::uint32_t>(Kind::Params), 0, 0, state_.read_for_next_step(worker_, params.data()),
+                        numel},
+                params);
+    for (std::uint64_t step = 0;; ++step) {
+      Message message;
+      transport_->wait(transport_->irecv(kWorkerSide, &message, sizeof message));
+      bytes_received_ += sizeof message;
+      if (message.kind == static_cast<std::uint32_t>(Kind::Leave)) {
+        RR_CHECK(message.numel == numel, "worker ", worker_, " has ", message.numel, " parameters, the server ", numel);
+        state_.leave(worker_, "");
+        return;
+      }
+      RR_CHECK(message.kind == static_cast<std::uint32_t>(Kind::Push) && message.numel == numel && message.step == step,
+               "worker ", worker_, " sent a malformed push (kind ", message.kind, ", step ", message.step, " of ",
+               message.numel, " elements; expected step ", step, " of ", numel, ")");
+      transport_->wait(transport_->irecv(kWorkerSide, grad.data(), payload_bytes(numel)));
+      bytes_received_ += payload_bytes(numel);
+      state_.apply(worker_, message.version, grad.data());
+      send_params(Message{static_cast<std::uint32_t>(Kind::Params), 0, 0, state_.read_for_next_step(worker_, params.data()),
+                          numel},
+                  params);
+    }
+  } catch (const std::exception& error) {
+    const std::string why = error.what();
+    state_.leave(worker_, why);
+    std::fprintf(stderr, "ringreduce.ps: the server lost worker %d and goes on without it: %s\n", worker_, why.c_str());
+    try {
+      transport_->abort(AbortNotice{AbortNotice::Kind::Failure,
+                                    detail::concat("ringreduce.ps: the parameter server dropped worker ", worker_, ": ", why)});
+    } catch (const std::exception&) {
+      // The worker is gone already; there is nobody left to tell.
+    }
+  }
+}
+
+}  // namespace ringreduce::ps

@@ -1,0 +1,204 @@
+// An asynchronous parameter server on the engine's transports. One rank holds the parameters (flat
+// fp32); every rank of the group is a worker that pushes a gradient and gets the parameters back,
+// without waiting for the others, up to a staleness bound. The server's own rank works through
+// direct calls (LocalWorker); each other rank talks to it over a transport of two ranks of its own
+// (RemoteWorker on the worker, ServerLink on the server), so any transport the engine has carries it.
+//
+// Each exchange is a fixed-size Message, then its payload of exactly the size the message names:
+// a receiver always posts the right length first (gloo aborts the process on a longer message).
+//   worker -> server: Push{step, version read} + gradient, or Leave.
+//   server -> worker: Params{version} + parameters: once on joining, then in answer to each push.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/transport.h"
+
+namespace ringreduce::ps {
+
+// The staleness bound meaning "none": workers never wait for each other.
+constexpr std::int64_t kUnbounded = -1;
+
+enum class Kind : std::uint32_t { Params = 1, Push = 2, Leave = 3 };
+
+struct Message {
+  std::uint32_t kind = 0;     // Kind
+  std::uint32_t unused = 0;
+  std::uint64_t step = 0;     // Push: pushes this worker made before this one
+  std::uint64_t version = 0;  // Push: the version its gradient was computed from; Params: the version sent
+  std::uint64_t numel = 0;    // elements of the payload that follows
+};
+
+// One applied push. Its staleness is version_applied - version_read: the updates other pushes made
+// between the worker reading the parameters and its gradient being applied.
+struct PushRecord {
+  int worker;
+  std::uint64_t step;
+  std::uint64_t version_read;
+  std::uint64_t version_applied;  // the version the gradient was applied to (the version before it)
+};
+
+struct WorkerReport {
+  std::uint64_t pushes = 0;
+  std::uint64_t staleness_sum = 0;
+  std::uint64_t staleness_max = 0;
+  std::string lost;  // why the server gave up on this worker; empty if it did not
+};
+
+// Applies one gradient to the parameters (the default: plain SGD, params -= lr / workers * grad).
+using Update = std::function<void(float* params, const float* grad, std::size_t numel)>;
+
+// params[i] -= step * grad[i], in float, one rounding per operation.
+void sgd_update(float* params, const float* grad, std::size_t numel, float step);
+
+// The parameters, the version, and the staleness gate, shared by the server's links and its own
+// rank's worker. Thread-safe. An update runs under the state's lock, so it may take another lock
+// (the Python interpreter's) only if no caller of these methods holds that lock.
+class ServerState {
+ public:
+  ServerState(float* params, std::size_t numel, int workers, std::int64_t staleness, Update update,
+              bool keep_gradients);
+
+  std::size_t numel() const { return numel_; }
+  int workers() const { return static_cast<int>(reports_.size()); }
+
+  // Applies `worker`'s gradient, computed from parameters of `version_read`. Under a bound s, a push
+  // of step k waits until every worker still pushing has read its parameters for step k - s, so
+  // with s = 0 every worker of a round computes from the same parameters (synchronous SGD).
+  void apply(int worker, std::uint64_t version_read, const float* grad);
+  // Waits until `worker` may begin its next step (no more than the bound ahead of the slowest
+  // worker still pushing), then copies the parameters into `out`; returns their version. Throws
+  // once the server has stopped.
+  std::uint64_t read_for_next_step(int worker, float* out);
+  // `worker` pushes no more: it finished (`lost` empty) or the server lost it (`lost` says why). The
+  // others stop waiting for it.
+  void leave(int worker, const std::string& lost);
+  // Wakes every waiting reader and pusher with an error; later calls throw too.
+  void stop();
+
+  std::uint64_t version() const;
+  std::vector<PushRecord> log() const;
+  std::vector<WorkerReport> reports() const;
+  // The gradients applied, in log order (empty unless kept).
+  std::vector<std::vector<float>> gradients() const;
+
+ private:
+  bool may_start(int worker) const;
+  bool may_apply(int worker) const;
+
+  mutable std::mutex mutex_;
+  std::condition_variable progressed_;
+  float* params_;
+  const std::size_t numel_;
+  const std::int64_t staleness_;
+  const Update update_;
+  const bool keep_gradients_;
+  std::uint64_t version_ = 0;
+  bool stopped_ = false;
+  std::vector<std::uint64_t> steps_;  // pushes applied per worker
+  std::vector<std::uint64_t> reads_;  // parameter reads per worker (its join, then one per push)
+  std::vector<bool> pushing_;         // workers that have not left
+  std::vector<WorkerReport> reports_;
+  std::vector<PushRecord> log_;
+  std::vector<std::vector<float>> gradients_;
+};
+
+// What a training rank calls, wherever the server is.
+class Worker {
+ public:
+  virtual ~Worker() = default;
+  // The server's parameters to start from; returns their version.
+  virtual std::uint64_t join(float* params) = 0;
+  // Pushes a gradient computed from the parameters last received, and receives the parameters for
+  // the next step (waiting while the bound says so); returns their version.
+  virtual std::uint64_t push(const float* grad, float* params) = 0;
+  // This worker is done. Further pushes are refused.
+  virtual void leave() = 0;
+  // Bytes this worker has sent and received.
+  virtual std::uint64_t bytes_sent() const = 0;
+  virtual std::uint64_t bytes_received() const = 0;
+};
+
+// The server rank's own worker: direct calls into the state.
+class LocalWorker final : public Worker {
+ public:
+  LocalWorker(ServerState& state, int rank) : state_(state), rank_(rank) {}
+  std::uint64_t join(float* params) override;
+  std::uint64_t push(const float* grad, float* params) override;
+  void leave() override;
+  std::uint64_t bytes_sent() const override { return 0; }
+  std::uint64_t bytes_received() const override { return 0; }
+
+ private:
+  ServerState& state_;
+  const int rank_;
+  std::uint64_t version_ = 0;
+  bool left_ = false;
+};
+
+// A worker on another rank: rank 1 of a two-rank transport whose rank 0 is the server.
+class RemoteWorker final : public Worker {
+ public:
+  RemoteWorker(std::shared_ptr<Transport> transport, std::size_t numel, int server_rank);
+  std::uint64_t join(float* params) override;
+  std::uint64_t push(const float* grad, float* params) override;
+  void leave() override;
+  std::uint64_t bytes_sent() const override { return bytes_sent_; }
+  std::uint64_t bytes_received() const override { return bytes_received_; }
+
+ private:
+  Message receive_message();
+  // The payload that follows `reply`, into `params`.
+  std::uint64_t receive_params(const Message& reply, float* params);
+  // Runs one exchange; after a failure the worker is broken and every later call says why.
+  template <typename Body>
+  auto guarded(Body body);
+
+  std::shared_ptr<Transport> transport_;
+  const std::size_t numel_;
+  const int server_rank_;
+  std::uint64_t step_ = 0;
+  std::uint64_t version_ = 0;
+  std::uint64_t bytes_sent_ = 0;
+  std::uint64_t bytes_received_ = 0;
+  bool left_ = false;
+  std::string broken_;
+};
+
+// The server's side of one remote worker: a thread that answers its pushes until it leaves, or
+// until the transport fails (the worker died, timed out or sent a malformed push), when the worker
+// counts as lost, the link says so on stderr, and the others go on without it.
+class ServerLink {
+ public:
+  ServerLink(ServerState& state, int worker, std::shared_ptr<Transport> transport);
+  ~ServerLink();  // joins the thread
+  ServerLink(const ServerLink&) = delete;
+  ServerLink& operator=(const ServerLink&) = delete;
+
+  // Waits for the worker to leave or be lost.
+  void join();
+  std::uint64_t bytes_sent() const { return bytes_sent_.load(); }
+  std::uint64_t bytes_received() const { return bytes_received_.load(); }
+
+ private:
+  void serve();
+  void send_params(Message reply, std::vector<float>& params);
+
+  ServerState& state_;
+  const int worker_;
+  std::shared_ptr<Transport> transport_;
+  std::atomic<std::uint64_t> bytes_sent_{0};
+  std::atomic<std::uint64_t> bytes_received_{0};
+  std::thread thread_;
+};
+
+}  // namespace ringreduce::ps

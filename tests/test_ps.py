@@ -1,0 +1,224 @@
+"""The asynchronous parameter server (ringreduce.ps): exact replay of what it applied, the staleness
+bound, synchronous rounds against synchronous SGD, bad input, and ranks that die."""
+
+import os
+import time
+
+import pytest
+import torch
+
+from multiproc import run_ranks
+
+NUMEL = 1000
+LR = 0.5
+STEPS = 12
+
+
+def _start():
+    return torch.linspace(-1.0, 1.0, NUMEL)
+
+
+def _target(rank):
+    return torch.full((NUMEL,), float(rank + 1)) + torch.linspace(0.0, 0.25, NUMEL)
+
+
+def _grad(params, rank):
+    """The gradient of 0.5 * |params - target(rank)|^2: the workers pull towards different points."""
+    return params - _target(rank)
+
+
+def _server(rank, **kwargs):
+    import ringreduce.ps
+
+    params = torch.nn.Parameter(_start() if rank == 0 else torch.zeros(NUMEL))
+    return ringreduce.ps.ParameterServer([params], **kwargs), params
+
+
+def _replay_run(rank, world, transport, use_optimizer):
+    kwargs = {"optimizer": lambda p: torch.optim.SGD([p], lr=LR, momentum=0.9)} if use_optimizer else {"lr": LR}
+    server, params = _server(rank, transport=transport, record=True, **kwargs)
+    if rank == 1:
+        for bad, error in [(torch.zeros(NUMEL + 1), ValueError), (torch.zeros(NUMEL, dtype=torch.float64), TypeError)]:
+            with pytest.raises(error, match="grad"):
+                server.push(bad)
+    for step in range(STEPS):
+        if rank == world - 1:
+            time.sleep(0.002)  # one slower worker, so pushes interleave and some are stale
+        params.grad = _grad(params.detach(), rank)
+        server.step()
+    stats = server.close()
+    if rank != 0:
+        assert stats["pushes"] == STEPS and stats["bytes_sent"] == STEPS * (32 + 4 * NUMEL) + 32
+        return None
+    # The server: replay every logged gradient in order from the start, with the same update.
+    log, grads = server.log(), server.gradients()
+    assert len(log) == len(grads) == world * STEPS == stats["version"]
+    assert [applied for _, _, _, applied in log] == list(range(world * STEPS))
+    for worker in range(world):
+        assert [step for w, step, _, _ in log if w == worker] == list(range(STEPS))
+    assert all(read <= applied for _, _, read, applied in log)
+    replay = torch.nn.Parameter(_start())
+    if use_optimizer:
+        optimizer = torch.optim.SGD([replay], lr=LR, momentum=0.9)
+        for g in grads:
+            replay.grad = g / world
+            optimizer.step()
+    else:
+        with torch.no_grad():
+            for g in grads:
+                replay.sub_(g * (LR / world))
+    assert torch.equal(replay.detach(), server.params), "the server's parameters are not the replay of its log"
+    staleness = [applied - read for _, _, read, applied in log]
+    assert stats["staleness_max"] == max(staleness)
+    assert stats["staleness_mean"] == pytest.approx(sum(staleness) / len(staleness))
+    assert stats["lost"] == {}
+    return stats["staleness_max"]
+
+
+@pytest.mark.parametrize("transport,world,use_optimizer", [("shm", 3, False), ("pg", 2, False), ("shm", 2, True)])
+def test_the_servers_parameters_are_the_exact_replay_of_the_pushes_it_logged(transport, world, use_optimizer):
+    run_ranks(world, _replay_run, transport, use_optimizer)
+
+
+def _synchronous_run(rank, world):
+    server, params = _server(rank, lr=LR, staleness=0)
+    for _ in range(STEPS):
+        params.grad = _grad(params.detach(), rank)
+        server.step()
+    stats = server.close()
+    return params.detach().tolist(), stats.get("staleness_max")
+
+
+def test_staleness_zero_is_synchronous_sgd():
+    world = 3
+    results = run_ranks(world, _synchronous_run)
+    expected = _start().double()
+    for _ in range(STEPS):
+        expected -= LR * sum(expected - _target(r).double() for r in range(world)) / world
+    for params, _ in results:
+        torch.testing.assert_close(torch.tensor(params, dtype=torch.float64), expected, rtol=0, atol=1e-5)
+    # In a synchronous round the i-th push applied is i updates stale, never more.
+    assert results[0][1] == world - 1
+
+
+def _bounded_run(rank, world, bound):
+    server, params = _server(rank, lr=0.01, staleness=bound)
+    for _ in range(STEPS):
+        if rank == 1:
+            time.sleep(0.01)  # the straggler
+        params.grad = _grad(params.detach(), rank)
+        server.step()
+    server.close()
+    return server.log() if rank == 0 else None
+
+
+@pytest.mark.parametrize("bound", [1, None])
+def test_no_worker_runs_more_than_the_bound_ahead_of_the_slowest(bound):
+    world = 3
+    log = run_ranks(world, _bounded_run, bound)[0]
+    applied = [0] * world
+    lead = 0
+    for worker, step, _, _ in log:
+        # `worker` read the parameters for this step when every other worker still pushing had
+        # applied at least step - bound pushes.
+        others = [applied[w] for w in range(world) if w != worker and applied[w] < STEPS]
+        if others:
+            lead = max(lead, step - min(others))
+        applied[worker] += 1
+    if bound is None:
+        assert lead > 1, "without a bound the fast workers should have run ahead of the straggler"
+    else:
+        assert lead == bound, f"the lead over the slowest reached {lead}, the bound is {bound}"
+
+
+def _dying_worker_run(rank, world):
+    server, params = _server(rank, lr=0.1, staleness=0)
+    for step in range(STEPS):
+        if rank == 2 and step == 3:
+            os._exit(3)
+        params.grad = _grad(params.detach(), rank)
+        server.step()
+    stats = server.close()
+    return stats.get("lost"), stats["pushes"]
+
+
+def test_a_worker_that_dies_is_dropped_and_the_others_finish():
+    results = run_ranks(3, _dying_worker_run, dying=(2,))
+    lost, _ = results[0]
+    assert list(lost) == [2] and "exited" in lost[2], lost
+    assert [r[1] for r in results[:2]] == [STEPS, STEPS]
+    assert results[2] == 3
+
+
+def _dying_server_run(rank, world):
+    server, params = _server(rank, lr=0.1, staleness=0)
+    last = time.monotonic()
+    for step in range(STEPS):
+        if rank == 0 and step == 3:
+            os._exit(3)
+        params.grad = _grad(params.detach(), rank)
+        try:
+            server.step()
+        except RuntimeError as error:
+            return str(error), time.monotonic() - last
+        last = time.monotonic()
+    return "finished", 0.0
+
+
+def test_when_the_server_dies_every_worker_raises_within_the_timeout():
+    timeout_s = 5.0
+    results = run_ranks(3, _dying_server_run, dying=(0,), env={"RINGREDUCE_TIMEOUT": str(timeout_s)})
+    for message, waited in results[1:]:
+        assert "lost the parameter server (rank 0)" in message, message
+        assert waited < timeout_s + 2, f"a worker took {waited:.1f} s to notice"
+
+
+def _mismatched_run(rank, world):
+    import ringreduce.ps
+
+    params = torch.nn.Parameter(torch.zeros(NUMEL + (rank == 2)))
+    if rank == 2:
+        with pytest.raises(ValueError, match=f"parameters have {NUMEL + 1} elements, the server's"):
+            ringreduce.ps.ParameterServer([params], lr=0.1, staleness=0)
+        return None
+    server = ringreduce.ps.ParameterServer([params], lr=0.1, staleness=0)
+    for _ in range(3):
+        params.grad = torch.ones(NUMEL)
+        server.step()
+    return server.close().get("lost")
+
+
+def test_a_worker_with_other_parameters_is_refused_and_the_others_go_on():
+    lost = run_ranks(3, _mismatched_run)[0]
+    assert list(lost) == [2] and f"worker 2 has {NUMEL + 1} parameters, the server {NUMEL}" in lost[2], lost
+
+
+def _bad_arguments(rank, world):
+    import ringreduce.ps
+
+    params = [torch.nn.Parameter(torch.zeros(3))]
+    bad = [
+        (dict(lr=0.1, optimizer=lambda p: None), ValueError, "exactly one"),
+        (dict(lr=-1.0), ValueError, "positive"),
+        (dict(lr=0.1, staleness=-1), ValueError, "staleness"),
+        (dict(lr=0.1, server_rank=5), ValueError, "server_rank"),
+        (dict(lr=0.1, transport="nccl"), ValueError, "transport"),
+    ]
+    for kwargs, error, words in bad:
+        with pytest.raises(error, match=words):
+            ringreduce.ps.ParameterServer(params, **kwargs)
+    with pytest.raises(TypeError, match="float32 CPU"):
+        ringreduce.ps.ParameterServer([torch.zeros(3, dtype=torch.float64)], lr=0.1)
+    # One rank alone: its pushes are applied directly, SGD with the full learning rate.
+    server = ringreduce.ps.ParameterServer(params, lr=0.5)
+    params[0].grad = torch.ones(3)
+    server.step()
+    assert params[0].detach().tolist() == [-0.5] * 3
+    server.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        server.step()
+    return True
+
+
+def test_bad_arguments_are_refused_with_what_was_wrong():
+    assert run_ranks(1, _bad_arguments) == [True]
