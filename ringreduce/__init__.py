@@ -7,12 +7,13 @@
 
 import torch  # noqa: F401  (loads libtorch before the extension)
 
-from ringreduce import backend, hooks, tuning
+from ringreduce import backend, hooks, ps, tuning
 from ringreduce._C import CommTimeoutError, MismatchError
 from ringreduce.collectives import (all_gather_into_tensor, all_reduce, broadcast, destroy, reduce,
                                     reduce_scatter_tensor)
 from ringreduce.info import build_info
 from ringreduce.local import LocalGroup, LocalWorld
+from ringreduce.local_sgd import LocalSGD, average_parameters
 
 __version__ = build_info()["version"]
 backend.register()  # init_process_group("ringreduce")
@@ -21,15 +22,18 @@ tuning.load()  # the table behind algorithm="auto"
 __all__ = [
     "CommTimeoutError",
     "LocalGroup",
+    "LocalSGD",
     "LocalWorld",
     "MismatchError",
     "all_gather_into_tensor",
     "all_reduce",
+    "average_parameters",
     "backend",
     "broadcast",
     "build_info",
     "destroy",
     "hooks",
+    "ps",
     "reduce",
     "reduce_scatter_tensor",
     "tuning",
