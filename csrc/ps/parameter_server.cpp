@@ -139,6 +139,15 @@ RemoteWorker::RemoteWorker(std::shared_ptr<Transport> transport, std::size_t num
   RR_CHECK(transport_->size() == 2 && transport_->rank() == kWorkerSide, "a worker's link is rank 1 of two ranks");
 }
 
+RemoteWorker::~RemoteWorker() {
+  if (left_ || !broken_.empty()) return;
+  try {
+    leave();
+  } catch (const std::exception&) {
+    // The server is gone; nothing to tell it.
+  }
+}
+
 template <typename Body>
 auto RemoteWorker::guarded(Body body) {
   RR_CHECK(broken_.empty(), broken_);

@@ -149,6 +149,8 @@ class LocalWorker final : public Worker {
 class RemoteWorker final : public Worker {
  public:
   RemoteWorker(std::shared_ptr<Transport> transport, std::size_t numel, int server_rank);
+  // Leaves if it has not (best effort): the server need not wait for a worker that was dropped.
+  ~RemoteWorker() override;
   std::uint64_t join(float* params) override;
   std::uint64_t push(const float* grad, float* params) override;
   void leave() override;
