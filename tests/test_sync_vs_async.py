@@ -12,7 +12,7 @@ def test_every_scheme_reaches_the_target_at_two_ranks():
     try:
         import sync_vs_async as example
 
-        args = example.parse(["--world", "2", "--straggler", "1", "--steps", "300"])
+        args = example.parse(["--world", "2", "--straggler", "1", "--steps", "300", "--repeats", "1"])
         rows = example.run(args)
     finally:
         sys.path.remove(EXAMPLES)
