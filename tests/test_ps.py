@@ -224,3 +224,27 @@ def _bad_arguments(rank, world):
 
 def test_bad_arguments_are_refused_with_what_was_wrong():
     assert run_ranks(1, _bad_arguments) == [True]
+
+
+def _dropped_server_run(rank, world):
+    import gc
+
+    try:
+        server, params = _server(rank, lr=0.1)  # a late worker may find the server stopped already
+        for step in range(1000):
+            if rank == 0 and step == 2:
+                del server  # dropped without close(), while the workers are still pushing
+                gc.collect()
+                return "dropped"
+            params.grad = _grad(params.detach(), rank)
+            server.step()
+    except RuntimeError as error:
+        return str(error)
+    return "never told"
+
+
+def test_a_server_dropped_without_close_stops_its_workers_with_an_error():
+    results = run_ranks(3, _dropped_server_run, env={"RINGREDUCE_TIMEOUT": "10"})
+    assert results[0] == "dropped"
+    for message in results[1:]:
+        assert "the parameter server has stopped" in message, message

@@ -101,6 +101,11 @@ void ServerState::stop() {
   progressed_.notify_all();
 }
 
+bool ServerState::stopped() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stopped_;
+}
+
 std::uint64_t ServerState::version() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return version_;
@@ -276,7 +281,9 @@ void ServerLink::serve() {
   } catch (const std::exception& error) {
     const std::string why = error.what();
     state_.leave(worker_, why);
-    std::fprintf(stderr, "ringreduce.ps: the server lost worker %d and goes on without it: %s\n", worker_, why.c_str());
+    if (!state_.stopped()) {
+      std::fprintf(stderr, "ringreduce.ps: the server lost worker %d and goes on without it: %s\n", worker_, why.c_str());
+    }
     try {
       transport_->abort(AbortNotice{AbortNotice::Kind::Failure,
                                     detail::concat("ringreduce.ps: the parameter server dropped worker ", worker_, ": ", why)});

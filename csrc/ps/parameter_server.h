@@ -84,6 +84,7 @@ class ServerState {
   void leave(int worker, const std::string& lost);
   // Wakes every waiting reader and pusher with an error; later calls throw too.
   void stop();
+  bool stopped() const;
 
   std::uint64_t version() const;
   std::vector<PushRecord> log() const;
