@@ -138,7 +138,8 @@ _resolved = {}
 # (id of a communicator, algorithm) pairs already logged under RINGREDUCE_DEBUG=INFO.
 _logged = set()
 # all_reduce calls whose arguments passed every check once, for its fast path: (group, transport,
-# algorithm, dtype, device index, op code) -> (communicator, algorithm code). Torch groups only.
+# algorithm, dtype, device index, id of the ReduceOp) -> (communicator, algorithm code, op code).
+# Torch groups only.
 checked_calls = {}
 
 

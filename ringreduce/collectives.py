@@ -44,16 +44,17 @@ def all_reduce(
     Returns:
         None, or the work handle when ``async_op`` is true; its future's value is ``[tensor]``.
     """
-    # Fast path: a call like one that passed every check before skips the checks.
-    code = _OP_CODES_BY_ID.get(id(op))
-    repeatable = (code is not None and type(tensor) is torch.Tensor and segment_bytes is None and root == 0
-                  and not isinstance(group, _groups.CommunicatorSource))
-    if repeatable:
-        key = (group, transport, algorithm, tensor.dtype, tensor.get_device(), code)
+    # Fast path: a call like one that passed every check before skips the checks. Only calls on
+    # torch groups with a ReduceOp singleton (keyed by identity: its __hash__ is slow) are kept.
+    if type(tensor) is torch.Tensor and segment_bytes is None and root == 0:
+        key = (group, transport, algorithm, tensor.dtype, tensor.get_device(), id(op))
         known = _checked_calls.get(key)
         if known is not None:
-            work = known[0].all_reduce(tensor, code, known[1], 0, 0, async_op)
+            work = known[0].all_reduce(tensor, known[2], known[1], 0, 0, async_op)
             return work if async_op else None
+        repeatable = id(op) in _OP_CODES_BY_ID and not isinstance(group, _groups.CommunicatorSource)
+    else:
+        repeatable = False
     code = op_code(op)
     if not isinstance(tensor, torch.Tensor):
         tensor = as_tensor(tensor)
@@ -67,7 +68,7 @@ def all_reduce(
     algorithm_code_ = algorithm_code(algorithm)
     work = comm.all_reduce(tensor, code, algorithm_code_, check_segment_bytes(segment_bytes), root, async_op)
     if repeatable:
-        _checked_calls[key] = (comm, algorithm_code_)
+        _checked_calls[key] = (comm, algorithm_code_, code)
     return work if async_op else None
 
 

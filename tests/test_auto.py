@@ -250,3 +250,34 @@ def _ragged_while_exploring(rank, world):
 
 def test_a_mismatch_while_exploring_raises_on_every_rank():
     assert run_ranks(3, _ragged_while_exploring, env=NO_TABLE) == ["MismatchError"] * 3
+
+
+def _calls(learner, nbytes, count, times):
+    """`count` calls of `nbytes`, each exploring one timed at times[algorithm] ns: [(algorithm, exploring)]."""
+    made = []
+    for _ in range(count):
+        algorithm, exploring = learner.pick(nbytes)
+        if exploring:
+            learner.time(nbytes, times[algorithm])
+        made.append((algorithm, exploring))
+    return made
+
+
+def test_a_measured_choice_gives_way_only_to_a_candidate_that_wins_twice_in_a_row():
+    learner = _C.AutoLearnerProbe("shm", 2, True)
+    nbytes, rounds = 4096, 3 * 5  # three candidates, five timed calls each
+    quiet = {"ring": 4500, "central": 4300, "one_shot": 2700}
+    burst = {"ring": 20800, "central": 20900, "one_shot": 25600}  # one round of a noisy spell, as logged here
+    loaded = {"ring": 4500, "central": 4300, "one_shot": 9000}  # a lasting change
+    assert all(exploring for _, exploring in _calls(learner, nbytes, 3 + rounds, quiet))
+    assert _calls(learner, nbytes, 1, quiet) == [("one_shot", False)]
+    revisit = 2000  # kAutoRevisitEvery: the 2000th call after a decision explores again
+    assert not any(exploring for _, exploring in _calls(learner, nbytes, revisit - 2, quiet))
+    # The revisit falls in the burst: ring looks faster, so a second round runs at once, in the quiet.
+    assert all(exploring for _, exploring in _calls(learner, nbytes, rounds, burst))
+    assert all(exploring for _, exploring in _calls(learner, nbytes, rounds, quiet))
+    assert _calls(learner, nbytes, 1, quiet) == [("one_shot", False)], "one noisy round switched the choice"
+    # A lasting change wins both rounds, and the choice follows it.
+    assert not any(exploring for _, exploring in _calls(learner, nbytes, revisit - 2, quiet))
+    assert all(exploring for _, exploring in _calls(learner, nbytes, 2 * rounds, loaded))
+    assert _calls(learner, nbytes, 1, loaded) == [("central", False)]

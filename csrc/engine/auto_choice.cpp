@@ -174,14 +174,26 @@ void AutoLearner::decide(std::uint64_t bytes) {
   const std::size_t current =
       static_cast<std::size_t>(std::find(candidates_.begin(), candidates_.end(), size.chosen) - candidates_.begin());
   const Algorithm before = size.chosen;
-  if (static_cast<double>(typical[best]) < static_cast<double>(typical[current]) * (1.0 - kAutoSwitchMargin)) {
-    size.chosen = candidates_[best];
-  }
   const bool first = !size.decided;
+  const bool faster = static_cast<double>(typical[best]) < static_cast<double>(typical[current]) * (1.0 - kAutoSwitchMargin);
+  const AutoLogger log = auto_logger();
+  if (faster && !first && size.challenger != static_cast<int>(best)) {
+    // A measured choice gives way only to a candidate that wins two rounds in a row: one round
+    // can fall in a burst of the machine's noise that slows the candidates unevenly.
+    size.challenger = static_cast<int>(best);
+    size.trial = 0;  // exploring again, at once
+    if (log) {
+      log(detail::concat("auto on ", transport_, " with ", world_, " ranks, from ", class_floor(bytes), " B: ",
+                         algorithm_name(candidates_[best]), " looked faster than ", algorithm_name(before),
+                         "; trying again before switching"));
+    }
+    return;
+  }
+  if (faster) size.chosen = candidates_[best];
+  size.challenger = -1;
   size.decided = true;
   size.exploring = false;
   size.since_decided = 0;
-  const AutoLogger log = auto_logger();
   if (log && (first || size.chosen != before)) {
     const std::uint64_t floor = class_floor(bytes);
     std::string measured;

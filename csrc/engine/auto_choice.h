@@ -69,7 +69,9 @@ constexpr std::uint64_t kAutoLargeBytes = 256 * 1024;
 // 1% where the slower candidates take twice the time of the best.
 constexpr std::uint64_t kAutoRevisitEvery = 2000;
 // A candidate replaces the current choice only when it is this much faster, so measurement noise
-// does not flip the choice back and forth.
+// does not flip the choice back and forth; and, once the choice was measured, only when it wins a
+// second round run at once, as a burst of noise (seen here: every candidate at 4-10x its time, the
+// order among them random) spans one round far more often than two.
 constexpr double kAutoSwitchMargin = 0.05;
 
 // The online choice of one communicator. Pure bookkeeping: the communicator times the calls and
@@ -94,7 +96,8 @@ class AutoLearner {
   bool record(std::uint64_t bytes, std::int64_t nanoseconds);
   Times& round_times(std::uint64_t bytes) { return size_class(bytes).times; }
   // Takes the candidate whose median call was fastest in the (group-wide) times; says so through
-  // the logger.
+  // the logger. A revisit whose winner would replace the choice starts a second round instead, and
+  // the winner of both takes over.
   void decide(std::uint64_t bytes);
 
  private:
@@ -107,6 +110,7 @@ class AutoLearner {
     // for the pages and buffers it touches.
     int trial = 0;
     std::uint64_t since_decided = 0;  // calls since the last decision
+    int challenger = -1;               // the candidate that beat `chosen` in the last round, awaiting a second
     Times times{};
   };
   SizeClass& size_class(std::uint64_t bytes);

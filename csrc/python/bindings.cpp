@@ -17,6 +17,7 @@
 #include "cpu/reducer.h"
 #include "engine/auto_choice.h"
 #include "engine/communicator.h"
+#include "python/auto_learner_probe.h"
 #include "python/backend.h"
 #include "python/calls.h"
 #include "python/cuda_probes.h"
@@ -327,4 +328,5 @@ PYBIND11_MODULE(_C, m) {
   bind_cuda_probes(m);
   bind_sim_controls(m);
   bind_parameter_server(m);
+  bind_auto_learner_probe(m);
 }

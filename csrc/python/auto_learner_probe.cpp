@@ -1,0 +1,33 @@
+#include "python/auto_learner_probe.h"
+
+#include <pybind11/stl.h>
+
+#include <string>
+#include <tuple>
+
+#include "core/common.h"
+#include "engine/auto_choice.h"
+
+namespace py = pybind11;
+
+namespace ringreduce {
+
+void bind_auto_learner_probe(py::module_& m) {
+  py::class_<AutoLearner>(m, "AutoLearnerProbe",
+                          "auto's learner on its own: pick() says what the next call of `bytes` would run; "
+                          "time() hands it that call's time (in place of the group's) and decides at the end of a round.")
+      .def(py::init<std::string, int, bool>(), py::arg("transport"), py::arg("world"), py::arg("host_memory"))
+      .def("pick",
+           [](AutoLearner& learner, std::uint64_t bytes) {
+             const AutoLearner::Pick pick = learner.pick(bytes);
+             return std::make_tuple(std::string(algorithm_name(pick.algorithm)), pick.exploring);
+           },
+           py::arg("bytes"))
+      .def("time",
+           [](AutoLearner& learner, std::uint64_t bytes, std::int64_t nanoseconds) {
+             if (learner.record(bytes, nanoseconds)) learner.decide(bytes);
+           },
+           py::arg("bytes"), py::arg("nanoseconds"));
+}
+
+}  // namespace ringreduce
