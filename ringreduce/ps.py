@@ -46,6 +46,8 @@ def _check_params(params):
         if p.dtype != torch.float32 or p.device.type != "cpu":
             raise TypeError(f"parameter {i} is {p.dtype} on {p.device}; the parameter server holds float32 CPU "
                             "parameters (train a float32 CPU copy, or cast with model.float().cpu())")
+    if sum(p.numel() for p in params) == 0:
+        raise ValueError("the parameters have no elements: there is nothing to serve")
     return params
 
 

@@ -209,6 +209,8 @@ def _bad_arguments(rank, world):
     for kwargs, error, words in bad:
         with pytest.raises(error, match=words):
             ringreduce.ps.ParameterServer(params, **kwargs)
+    with pytest.raises(ValueError, match="no elements"):
+        ringreduce.ps.ParameterServer([torch.zeros(0)], lr=0.1)
     with pytest.raises(TypeError, match="float32 CPU"):
         ringreduce.ps.ParameterServer([torch.zeros(3, dtype=torch.float64)], lr=0.1)
     # One rank alone: its pushes are applied directly, SGD with the full learning rate.
