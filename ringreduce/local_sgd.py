@@ -12,6 +12,7 @@ after `warmup_steps` calls it averages on every `period`-th call, counting from 
 import torch
 import torch.distributed as dist
 
+from ringreduce._flat import flat_views
 from ringreduce.collectives import all_reduce
 
 
@@ -25,10 +26,8 @@ def average_parameters(params, group=None, algorithm="ring", transport=None) -> 
         for same in by_dtype.values():
             flat = torch.cat([p.detach().reshape(-1) for p in same])
             all_reduce(flat, dist.ReduceOp.AVG, group=group, algorithm=algorithm, transport=transport)
-            offset = 0
-            for p in same:
-                p.copy_(flat[offset:offset + p.numel()].view_as(p))
-                offset += p.numel()
+            for p, mean in zip(same, flat_views(flat, same)):
+                p.copy_(mean)
 
 
 class LocalSGD:

@@ -24,16 +24,9 @@ import torch
 import torch.distributed as dist
 
 from ringreduce import _C, _groups
+from ringreduce._flat import flat_views
 
 TRANSPORTS = ("shm", "pg")
-
-
-def _flat_views(flat, params):
-    views, offset = [], 0
-    for p in params:
-        views.append(flat[offset:offset + p.numel()].view_as(p))
-        offset += p.numel()
-    return views
 
 
 def _check_params(params):
@@ -88,8 +81,8 @@ class ParameterServer:
         self.numel = sum(p.numel() for p in self._params)
         self._flat = torch.empty(self.numel)
         self._grad = torch.zeros(self.numel)
-        self._flat_of_params = _flat_views(self._flat, self._params)
-        self._grad_of_params = _flat_views(self._grad, self._params)
+        self._flat_of_params = flat_views(self._flat, self._params)
+        self._grad_of_params = flat_views(self._grad, self._params)
         store = state.fresh_store("ps")
         timeout_s = _groups.timeout_seconds(state.group)
         if self.rank == server_rank:

@@ -83,7 +83,7 @@ void debug_info(const std::string& message) {
 
 namespace {
 
-void delete_without_gil(Communicator* communicator) {
+void delete_communicator(Communicator* communicator) {
   if (communicator->executor().on_worker()) {
     // A job's completion dropped the last reference (a callback released the group it used): the
     // worker cannot wait for itself to stop, so another thread deletes the communicator once the
@@ -91,12 +91,7 @@ void delete_without_gil(Communicator* communicator) {
     std::thread([communicator] { delete communicator; }).detach();
     return;
   }
-  if (PyGILState_Check()) {
-    py::gil_scoped_release release;
-    delete communicator;
-  } else {
-    delete communicator;
-  }
+  delete_without_gil(communicator);
 }
 
 }  // namespace
@@ -105,7 +100,7 @@ std::shared_ptr<Communicator> make_communicator(std::unique_ptr<Transport> trans
                                                Communicator::ReducerFactory make_reducer,
                                                std::unique_ptr<StreamContext> stream) {
   return std::shared_ptr<Communicator>(new Communicator(std::move(transport), std::move(make_reducer), std::move(stream)),
-                                       &delete_without_gil);
+                                       &delete_communicator);
 }
 
 #if defined(RINGREDUCE_WITH_SIM)

@@ -59,6 +59,18 @@ class StoreRendezvous final : public Rendezvous {
   c10::intrusive_ptr<c10d::Store> store_;
 };
 
+// Deletes `object` without holding the GIL, if this thread holds it: its destructor may wait for
+// threads that need the GIL (Python callbacks of finished work, a parameter server's update).
+template <typename T>
+void delete_without_gil(T* object) {
+  if (PyGILState_Check()) {
+    pybind11::gil_scoped_release release;
+    delete object;
+  } else {
+    delete object;
+  }
+}
+
 // A communicator over `transport`, deleted without the GIL (its worker may be finishing a job whose
 // completion runs Python callbacks), and never on its own worker. Host reducers unless told otherwise; `stream` for GPU ones.
 std::shared_ptr<Communicator> make_communicator(std::unique_ptr<Transport> transport,

@@ -28,17 +28,6 @@ float* flat_floats(const at::Tensor& tensor, std::size_t numel, const char* what
   return tensor.data_ptr<float>();
 }
 
-// Deletes without holding the GIL: the server's links may be waiting for it inside an update.
-template <typename T>
-void delete_without_gil(T* object) {
-  if (PyGILState_Check()) {
-    py::gil_scoped_release release;
-    delete object;
-  } else {
-    delete object;
-  }
-}
-
 // A Python callable kept by C++ threads: dropped, like called, with the GIL.
 std::shared_ptr<py::object> keep_callable(py::object callable) {
   return std::shared_ptr<py::object>(new py::object(std::move(callable)), [](py::object* kept) {
@@ -100,16 +89,8 @@ class Server {
   }
 
   std::uint64_t version() const { return state_->version(); }
-  std::uint64_t bytes_sent() const {
-    std::uint64_t sum = 0;
-    for (const auto& link : links_) sum += link->bytes_sent();
-    return sum;
-  }
-  std::uint64_t bytes_received() const {
-    std::uint64_t sum = 0;
-    for (const auto& link : links_) sum += link->bytes_received();
-    return sum;
-  }
+  std::uint64_t bytes_sent() const { return over_links(&ps::ServerLink::bytes_sent); }
+  std::uint64_t bytes_received() const { return over_links(&ps::ServerLink::bytes_received); }
   std::vector<std::tuple<int, std::uint64_t, std::uint64_t, std::uint64_t>> log() const {
     std::vector<std::tuple<int, std::uint64_t, std::uint64_t, std::uint64_t>> rows;
     for (const ps::PushRecord& r : state_->log()) rows.emplace_back(r.worker, r.step, r.version_read, r.version_applied);
@@ -146,6 +127,12 @@ class Server {
   }
 
  private:
+  std::uint64_t over_links(std::uint64_t (ps::ServerLink::*count)() const) const {
+    std::uint64_t sum = 0;
+    for (const auto& link : links_) sum += (*link.*count)();
+    return sum;
+  }
+
   at::Tensor params_;
   std::unique_ptr<ps::ServerState> state_;
   std::unique_ptr<ps::LocalWorker> local_;
