@@ -172,6 +172,8 @@ def _at_exit():
     # Workers must stop while the interpreter can still run their completion callbacks.
     destroy()
     _C.wait_until_idle(EXIT_WAIT_FOR_WORKERS_S)
+    # The backend's gloo delegates stop too: their threads must not meet the interpreter's end.
+    _C.drop_backend_delegates()
 
 
 atexit.register(_at_exit)

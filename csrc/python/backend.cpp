@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "python/calls.h"
@@ -79,6 +80,17 @@ c10::intrusive_ptr<c10d::Work> finish(Communicator& communicator, Call call, boo
   return async_op ? submit(communicator, std::move(call), true) : run_now(communicator, std::move(call));
 }
 
+// The backends alive now, for drop_delegates_at_exit(). Never destroyed: backends outlive static
+// destruction.
+std::mutex& live_mutex() {
+  static auto* mutex = new std::mutex;
+  return *mutex;
+}
+std::set<RingReduceBackend*>& live_backends() {
+  static auto* backends = new std::set<RingReduceBackend*>;
+  return *backends;
+}
+
 }  // namespace
 
 RingReduceBackend::RingReduceBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
@@ -93,9 +105,29 @@ RingReduceBackend::RingReduceBackend(c10::intrusive_ptr<c10d::Store> store, int 
       fallback_(std::move(fallback)),
       cuda_fallback_(std::move(cuda_fallback)),
       algorithm_(algorithm),
-      announce_(announce) {}
+      announce_(announce) {
+  std::lock_guard<std::mutex> lock(live_mutex());
+  live_backends().insert(this);
+}
+
+void RingReduceBackend::drop_delegates_at_exit() {
+  std::vector<c10::intrusive_ptr<c10d::Backend>> dropped;
+  {
+    std::lock_guard<std::mutex> lock(live_mutex());
+    for (RingReduceBackend* backend : live_backends()) {
+      std::lock_guard<std::mutex> own(backend->mutex_);
+      dropped.push_back(std::move(backend->fallback_));
+      dropped.push_back(std::move(backend->cuda_fallback_));
+    }
+  }
+  dropped.clear();  // outside the locks: gloo's destructor waits for its threads
+}
 
 RingReduceBackend::~RingReduceBackend() {
+  {
+    std::lock_guard<std::mutex> lock(live_mutex());
+    live_backends().erase(this);
+  }
   // torch drops a group's last reference with the GIL held. gloo's destructor joins its threads,
   // and the last work one of them drops may hold tensors whose Python objects only the GIL frees:
   // the members go without it.
@@ -134,6 +166,8 @@ c10d::Backend& RingReduceBackend::fallback(const std::vector<at::Tensor>& tensor
   TORCH_CHECK(!cuda || cuda_fallback_, "the ringreduce backend sends ", op, " on CUDA tensors to torch's NCCL "
               "backend, which this torch lacks (or CUDA was not available when the group was made); initialise with "
               "backend=\"cpu:ringreduce,cuda:gloo\" or use CPU tensors");
+  TORCH_CHECK(cuda || fallback_, "the ringreduce backend's gloo delegate for ", op,
+              " was released at interpreter exit");
   c10d::Backend& target = cuda ? *cuda_fallback_ : *fallback_;
   if (announce_) {
     bool first;

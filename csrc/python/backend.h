@@ -31,6 +31,12 @@ class RingReduceBackend final : public c10d::Backend {
                     c10::intrusive_ptr<c10d::Backend> cuda_fallback, Algorithm algorithm, bool announce);
   ~RingReduceBackend() override;
 
+  // At interpreter exit (ringreduce's atexit): every live backend drops its delegates, which join
+  // their threads while those can still take the GIL. torch keeps the backends of groups never
+  // destroyed past the interpreter, and a gloo thread that drops a finished work's tensors during
+  // finalization is ended by Python mid-unwind (std::terminate). Call without the GIL.
+  static void drop_delegates_at_exit();
+
   const std::string getBackendName() const override { return "ringreduce"; }
   uint64_t getSequenceNumberForGroup() override;
 

@@ -276,6 +276,8 @@ PYBIND11_MODULE(_C, m) {
       [](double timeout_s) { return OrderedExecutor::wait_until_all_idle(to_millis(timeout_s)); },
       py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>(),
       "Waits until no communicator's worker runs or holds a job (at most `timeout_s`); whether they all went idle.");
+  m.def("drop_backend_delegates", &RingReduceBackend::drop_delegates_at_exit, py::call_guard<py::gil_scoped_release>(),
+        "At interpreter exit: every ringreduce backend drops its gloo and NCCL delegates (joining their threads).");
   m.def("trace_microseconds", &trace_microseconds, py::arg("ns"),
         "How a trace file writes `ns` nanoseconds (Chrome's microseconds), for tests.");
   m.def(
