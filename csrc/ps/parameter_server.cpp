@@ -15,6 +15,15 @@ constexpr int kWorkerSide = 1;
 
 std::uint64_t payload_bytes(std::size_t numel) { return numel * sizeof(float); }
 
+// Sends `message` and the message.numel floats of its payload; returns the bytes sent.
+std::uint64_t send_message(Transport& transport, int peer, const Message& message, const float* payload) {
+  const Request header = transport.isend(peer, &message, sizeof message);
+  const Request data = transport.isend(peer, payload, payload_bytes(message.numel));
+  transport.wait(header);
+  transport.wait(data);
+  return sizeof message + payload_bytes(message.numel);
+}
+
 }  // namespace
 
 void sgd_update(float* params, const float* grad, std::size_t numel, float step) {
@@ -211,11 +220,7 @@ std::uint64_t RemoteWorker::push(const float* grad, float* params) {
   return guarded([&] {
     // One exchange: the gradient with the version it came from, then the parameters to go on with.
     const Message message{static_cast<std::uint32_t>(Kind::Push), 0, step_, version_, numel_};
-    const Request header = transport_->isend(kServerSide, &message, sizeof message);
-    const Request payload = transport_->isend(kServerSide, grad, payload_bytes(numel_));
-    transport_->wait(header);
-    transport_->wait(payload);
-    bytes_sent_ += sizeof message + payload_bytes(numel_);
+    bytes_sent_ += send_message(*transport_, kServerSide, message, grad);
     ++step_;
     return receive_params(receive_message(), params);
   });
@@ -243,22 +248,17 @@ void ServerLink::join() {
   if (thread_.joinable()) thread_.join();
 }
 
-void ServerLink::send_params(Message reply, std::vector<float>& params) {
-  const Request header = transport_->isend(kWorkerSide, &reply, sizeof reply);
-  const Request payload = transport_->isend(kWorkerSide, params.data(), payload_bytes(params.size()));
-  transport_->wait(header);
-  transport_->wait(payload);
-  bytes_sent_ += sizeof reply + payload_bytes(params.size());
+void ServerLink::send_params(std::vector<float>& params) {
+  const Message reply{static_cast<std::uint32_t>(Kind::Params), 0, 0, state_.read_for_next_step(worker_, params.data()),
+                      params.size()};
+  bytes_sent_ += send_message(*transport_, kWorkerSide, reply, params.data());
 }
 
 void ServerLink::serve() {
   const std::size_t numel = state_.numel();
   std::vector<float> grad(numel), params(numel);
   try {
-    // The worker joins with the parameters as they are now.
-    send_params(Message{static_cast<std::uint32_t>(Kind::Params), 0, 0, state_.read_for_next_step(worker_, params.data()),
-                        numel},
-                params);
+    send_params(params);  // the worker joins with the parameters as they are now
     for (std::uint64_t step = 0;; ++step) {
       Message message;
       transport_->wait(transport_->irecv(kWorkerSide, &message, sizeof message));
@@ -274,9 +274,7 @@ void ServerLink::serve() {
       transport_->wait(transport_->irecv(kWorkerSide, grad.data(), payload_bytes(numel)));
       bytes_received_ += payload_bytes(numel);
       state_.apply(worker_, message.version, grad.data());
-      send_params(Message{static_cast<std::uint32_t>(Kind::Params), 0, 0, state_.read_for_next_step(worker_, params.data()),
-                          numel},
-                  params);
+      send_params(params);
     }
   } catch (const std::exception& error) {
     const std::string why = error.what();

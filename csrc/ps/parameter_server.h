@@ -194,7 +194,8 @@ class ServerLink {
 
  private:
   void serve();
-  void send_params(Message reply, std::vector<float>& params);
+  // Reads the parameters into `params` once the worker may go on (the bound), and sends them.
+  void send_params(std::vector<float>& params);
 
   ServerState& state_;
   const int worker_;
