@@ -137,10 +137,8 @@ def _check_transport(name, device_type):
 _resolved = {}
 # (id of a communicator, algorithm) pairs already logged under RINGREDUCE_DEBUG=INFO.
 _logged = set()
-# all_reduce calls whose arguments passed every check once, for its fast path: (group, transport,
-# algorithm, dtype, device index, id of the ReduceOp) -> (communicator, algorithm code, op code).
-# Torch groups only.
-checked_calls = {}
+# all_reduce calls whose arguments passed every check once, for its fast path (torch groups only).
+checked_calls = _C.CheckedCalls()
 
 
 def communicator(group, tensor, transport, algorithm):
@@ -212,6 +210,5 @@ def destroy(group=None) -> None:
             del _states[key]
         for key in [k for k in _resolved if group is None or k[0] is group]:
             del _resolved[key]
-        for key in [k for k in checked_calls if group is None or k[0] is group]:
-            del checked_calls[key]
+        checked_calls.forget(group)
         _logged.clear()

@@ -12,6 +12,8 @@ from ringreduce._groups import checked_calls as _checked_calls
 from ringreduce._groups import communicator
 from ringreduce._interop import as_tensor
 
+_repeat_checked_call = _checked_calls.repeat
+
 
 def all_reduce(
     tensor,
@@ -44,17 +46,11 @@ def all_reduce(
     Returns:
         None, or the work handle when ``async_op`` is true; its future's value is ``[tensor]``.
     """
-    # Fast path: a call like one that passed every check before skips the checks. Only calls on
-    # torch groups with a ReduceOp singleton (keyed by identity: its __hash__ is slow) are kept.
-    if type(tensor) is torch.Tensor and segment_bytes is None and root == 0:
-        key = (group, transport, algorithm, tensor.dtype, tensor.get_device(), id(op))
-        known = _checked_calls.get(key)
-        if known is not None:
-            work = known[0].all_reduce(tensor, known[2], known[1], 0, 0, async_op)
-            return work if async_op else None
-        repeatable = id(op) in _OP_CODES_BY_ID and not isinstance(group, _groups.CommunicatorSource)
-    else:
-        repeatable = False
+    # Fast path: a call like one that passed every check before skips the checks (in C++).
+    if segment_bytes is None and root == 0:
+        work = _repeat_checked_call(tensor, op, group, async_op, algorithm, transport)
+        if work is not NotImplemented:
+            return work
     code = op_code(op)
     if not isinstance(tensor, torch.Tensor):
         tensor = as_tensor(tensor)
@@ -67,8 +63,11 @@ def all_reduce(
     comm = communicator(group, tensor, transport, algorithm)
     algorithm_code_ = algorithm_code(algorithm)
     work = comm.all_reduce(tensor, code, algorithm_code_, check_segment_bytes(segment_bytes), root, async_op)
-    if repeatable:
-        _checked_calls[key] = (comm, algorithm_code_, code)
+    # Only calls on torch groups with a ReduceOp singleton are remembered: a LocalWorld rank finds
+    # its communicator itself, and a ReduceOp instance made per call would be a new entry each time.
+    if (type(tensor) is torch.Tensor and segment_bytes is None and root == 0 and id(op) in _OP_CODES_BY_ID
+            and not isinstance(group, _groups.CommunicatorSource)):
+        _checked_calls.remember(tensor, op, group, algorithm, transport, comm, algorithm_code_, code)
     return work if async_op else None
 
 

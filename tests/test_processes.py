@@ -140,3 +140,62 @@ def _bad_wait_strategy(rank, world):
 
 def test_an_unknown_wait_strategy_is_refused():
     assert run_ranks(2, _bad_wait_strategy, env={"RINGREDUCE_WAIT": "busy"}) == [True, True]
+
+
+def _repeated_calls(rank, world):
+    """Calls that differ in one argument each, made again and again in a mixed order: the fast path
+    (calls that passed the checks once are run again from C++) must tell every one apart."""
+    from ringreduce._groups import checked_calls
+
+    evens = dist.new_group([0, 2])
+    calls = [
+        dict(dtype=torch.float32, op=R.SUM, algorithm="ring", transport="shm"),
+        dict(dtype=torch.float32, op=R.SUM, algorithm="ring", transport="pg"),
+        dict(dtype=torch.float32, op=R.MAX, algorithm="ring", transport="shm"),
+        dict(dtype=torch.float64, op=R.SUM, algorithm="ring", transport="shm"),
+        dict(dtype=torch.int32, op=R.SUM, algorithm="central", transport="shm"),
+        dict(dtype=torch.float32, op=R.SUM, algorithm="one_shot", transport=None),
+        dict(dtype=torch.float32, op=R.SUM, algorithm="".join(["au", "to"]), transport="shm"),  # equal, not the same str
+        dict(dtype=torch.float32, op=R.AVG, algorithm="ring", transport="shm", group=evens),
+    ]
+    for round_ in range(3):
+        for i, call in enumerate(calls):
+            group = call.get("group")
+            members = [0, 2] if group is not None else list(range(world))
+            if rank not in members:
+                continue
+            inputs = [torch.arange(5, dtype=call["dtype"]) * (r + 1) + i + round_ for r in members]
+            mine = inputs[members.index(rank)].clone()
+            work = ringreduce.all_reduce(mine, call["op"], group=group, algorithm=call["algorithm"],
+                                         transport=call["transport"], async_op=round_ == 1)
+            if round_ == 1:
+                work.wait()
+            else:
+                assert work is None
+            assert torch.equal(mine, reference(inputs, call["op"])), (round_, call)
+        # A strided view and a Parameter (a subclass: always the checked path) of a known call.
+        strided = torch.ones(10)[::2]
+        ringreduce.all_reduce(strided, transport="shm")
+        param = torch.nn.Parameter(torch.ones(5), requires_grad=False)
+        ringreduce.all_reduce(param, transport="shm")
+        assert torch.equal(strided, torch.full((5,), float(world))) and torch.equal(param, strided)
+    # One entry per distinct call (the auto call matches with an equal string; the strided view is
+    # the first call's twin); the rank outside `evens` never made the last one.
+    assert len(checked_calls) == len(calls) - (rank not in (0, 2)), len(checked_calls)
+    # A call the checks would refuse is still refused, with the tensor left alone.
+    ints = torch.ones(4, dtype=torch.int32)
+    with pytest.raises(TypeError, match="AVG is not defined for integer"):
+        ringreduce.all_reduce(ints, R.AVG, transport="shm")
+    assert torch.equal(ints, torch.ones(4, dtype=torch.int32))
+    ringreduce.destroy(evens)
+    assert len(checked_calls) == len(calls) - 1
+    ringreduce.destroy()
+    assert len(checked_calls) == 0
+    again = torch.ones(3)
+    ringreduce.all_reduce(again, transport="shm")  # a new communicator, checked again
+    assert torch.equal(again, torch.full((3,), float(world))) and len(checked_calls) == 1
+    return True
+
+
+def test_repeated_calls_that_differ_in_one_argument_each_reach_their_own_communicator():
+    assert run_ranks(3, _repeated_calls) == [True] * 3

@@ -20,6 +20,7 @@
 #include "python/auto_learner_probe.h"
 #include "python/backend.h"
 #include "python/calls.h"
+#include "python/checked_calls.h"
 #include "python/cuda_probes.h"
 #include "python/exchange_trace.h"
 #include "python/glue.h"
@@ -326,6 +327,7 @@ PYBIND11_MODULE(_C, m) {
            "`cuda_fallback` (or None) serves the delegated ops on CUDA tensors; with `announce`, the first "
            "delegation of each op is said under RINGREDUCE_DEBUG=INFO.");
   bind_watchdog_probe(m);
+  bind_checked_calls(m);
   bind_issue_window_probe(m);
   bind_cuda_probes(m);
   bind_sim_controls(m);

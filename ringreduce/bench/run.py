@@ -139,6 +139,9 @@ def process_rows(args, rank, world):
                          collective_call(dist, collective, group=backend_group), contextlib.nullcontext))
             rows.append(("torch.distributed", "-", dist.get_backend(), "cpu", collective_call(dist, collective),
                          contextlib.nullcontext))
+    mpi = peers.mpi_row(args) if wants_mpi_row(args) else None
+    if mpi is not None:
+        rows.append(mpi)
     if gpus_for_processes(args, world):
         # One GPU per rank: ringreduce over NCCL beside torch.distributed's NCCL backend.
         torch.cuda.set_device(rank)
@@ -239,7 +242,8 @@ def bench_rank(rank, world, args):
     return (records, roof) if rank == 0 else None
 
 
-def _spawned(rank, world, store_path, args, out_path):
+def spawned_rank(rank, world, store_path, args, out_path):
+    """Body of a rank this process launched (spawned, or an MPI process of mpirun's)."""
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
     try:
         result = bench_rank(rank, world, args)
@@ -250,35 +254,42 @@ def _spawned(rank, world, store_path, args, out_path):
         dist.destroy_process_group()
 
 
-def launch(args):
-    """Records and the memcpy roof, from torchrun's ranks or from ranks this process spawns."""
+def wants_mpi_row(args) -> bool:
+    return not args.no_mpi and args.collective == "all_reduce" and args.gpu != "only"
+
+
+def launch(args, argv):
+    """Records and the memcpy roof, from torchrun's ranks or from ranks this process launches:
+    mpirun's when the OpenMPI row can be timed, else spawned ones."""
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         dist.init_process_group("gloo")
         result = bench_rank(dist.get_rank(), dist.get_world_size(), args)
         dist.destroy_process_group()
         return result
+    mpirun = peers.mpirun_command(args) if wants_mpi_row(args) else None
     with tempfile.TemporaryDirectory() as tmp:
-        out_path = os.path.join(tmp, "records.json")
-        mp.start_processes(
-            _spawned, args=(args.world, os.path.join(tmp, "store"), args, out_path), nprocs=args.world, start_method="spawn"
-        )
+        store_path, out_path = os.path.join(tmp, "store"), os.path.join(tmp, "records.json")
+        if mpirun is not None:
+            peers.run_under_mpirun(mpirun, argv, store_path, out_path)
+        else:
+            mp.start_processes(spawned_rank, args=(args.world, store_path, args, out_path), nprocs=args.world,
+                               start_method="spawn")
         with open(out_path) as f:
             records, roof = json.load(f)
     return records, roof
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     if args.world < 1:
         raise SystemExit("--world must be at least 1")
-    result = launch(args)
+    result = launch(args, argv)
     if result is None:  # a non-zero torchrun rank
         return
     records, roof = result
     if not records:
         raise SystemExit("no rows to time: --gpu only needs a CUDA GPU, and the CPU rows were switched off")
-    if not args.no_mpi and args.collective == "all_reduce" and args.gpu != "only" and "RANK" not in os.environ:
-        records += peers.mpi_rows(args, size_sweep(args))
     report.print_table(records, roof, sys.stdout)
     if args.json:
         with open(args.json, "w") as f:
