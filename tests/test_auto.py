@@ -134,9 +134,9 @@ def test_an_unknown_algorithm_names_the_choices():
 LEARNED_LINE = re.compile(r"auto on (\w+) with (\d+) ranks, (\d+)-(\d+) B: tried ring ([\d.]+) us, central ([\d.]+) us, "
                           r"one_shot ([\d.]+) us \(the slowest rank, median of (\d) calls each\): (\w+)")
 # A size class explores its first calls: an untimed call of each of the three candidates, then 5
-# timed calls of each below 256 KiB and 2 above, then the times are exchanged (engine/auto_choice.h).
+# timed calls of each below 4 MiB and 2 above, then the times are exchanged (engine/auto_choice.h).
 def first_exploration_calls(nbytes):
-    return 3 + 3 * (5 if nbytes < (256 << 10) else 2)
+    return 3 + 3 * (5 if nbytes < (4 << 20) else 2)
 
 
 # The environment of processes that must find no table (and learn).
@@ -219,7 +219,7 @@ def _learn(rank, world, transport):
 
     sys.stderr = captured = io.StringIO()
     _C.set_auto_logging(True)  # ringreduce was imported before the harness set RINGREDUCE_DEBUG
-    for numel in (1000, 100_000):  # 4000 B and 400,000 B: 5 timed calls of each candidate, and 2
+    for numel in (1000, 1_100_000):  # 4000 B and 4.4 MB: 5 timed calls of each candidate, and 2
         for call in range(first_exploration_calls(4 * numel) + 2):
             tensor = counted_inputs(world, numel, call)[rank]
             ringreduce.all_reduce(tensor, algorithm="auto", transport=transport)

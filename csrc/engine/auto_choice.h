@@ -58,12 +58,14 @@ Algorithm choose_algorithm(const std::string& transport, int world, std::uint64_
 
 // Timed calls of each candidate per exploration, one after another (the way a training loop
 // calls), judged by their median: a call the scheduler preempted, or that found the peers late,
-// does not decide. Five below kAutoLargeBytes, where a call takes microseconds and 4 ranks on 2
-// cores spread single calls over 2x; two above, where a call takes milliseconds, varies less, and
-// each extra call of a slow candidate costs as much as hundreds of small ones.
+// does not decide. Five below kAutoLargeBytes, where a round of 15 calls takes at most tens of
+// milliseconds; two above, where a call takes milliseconds and each extra call of a slow candidate
+// costs as much as hundreds of small ones. 4 MiB, not 256 KiB as first: with two calls each, the
+// 4-rank 256 KiB class chose one_shot at 3.5x ring's time in a bench run (2026-12-01), a call of
+// 0.1-0.4 ms on 4 ranks of 2 cores being as noisy as the small ones.
 constexpr int kAutoSmallTrialCalls = 5;
 constexpr int kAutoLargeTrialCalls = 2;
-constexpr std::uint64_t kAutoLargeBytes = 256 * 1024;
+constexpr std::uint64_t kAutoLargeBytes = 4 * 1024 * 1024;
 // Calls of a size class between two explorations of it. An exploration costs at most
 // kAutoSmallTrialCalls * (candidates - 1) calls of the slower candidates: 10 of 2000 calls, about
 // 1% where the slower candidates take twice the time of the best.
