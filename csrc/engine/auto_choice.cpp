@@ -177,9 +177,11 @@ void AutoLearner::decide(std::uint64_t bytes) {
   const bool first = !size.decided;
   const bool faster = static_cast<double>(typical[best]) < static_cast<double>(typical[current]) * (1.0 - kAutoSwitchMargin);
   const AutoLogger log = auto_logger();
-  if (faster && !first && size.challenger != static_cast<int>(best)) {
-    // A measured choice gives way only to a candidate that wins two rounds in a row: one round
-    // can fall in a burst of the machine's noise that slows the candidates unevenly.
+  const bool confirmed = faster && size.challenger == static_cast<int>(best);
+  if (faster && !confirmed && ++size.rounds < kAutoMaxRounds) {
+    // The choice (the prior, or a measured one) gives way only to a candidate that wins two
+    // rounds in a row: one round can fall in a burst of the machine's noise, or in the first
+    // calls of a workload, which pay for caches and pages, and slow the candidates unevenly.
     size.challenger = static_cast<int>(best);
     size.trial = 0;  // exploring again, at once
     if (log) {
@@ -189,8 +191,9 @@ void AutoLearner::decide(std::uint64_t bytes) {
     }
     return;
   }
-  if (faster) size.chosen = candidates_[best];
+  if (confirmed) size.chosen = candidates_[best];
   size.challenger = -1;
+  size.rounds = 0;
   size.decided = true;
   size.exploring = false;
   size.since_decided = 0;

@@ -71,10 +71,15 @@ constexpr std::uint64_t kAutoLargeBytes = 4 * 1024 * 1024;
 // 1% where the slower candidates take twice the time of the best.
 constexpr std::uint64_t kAutoRevisitEvery = 2000;
 // A candidate replaces the current choice only when it is this much faster, so measurement noise
-// does not flip the choice back and forth; and, once the choice was measured, only when it wins a
-// second round run at once, as a burst of noise (seen here: every candidate at 4-10x its time, the
-// order among them random) spans one round far more often than two.
+// does not flip the choice back and forth; and only when it wins a second round run at once, as a
+// burst of noise (seen here: every candidate at 4-10x its time, the order among them random) spans
+// one round far more often than two. The first exploration too: at 64 MiB its one round measured
+// ring at 27.7 ms and central at 26.3 (2 ranks), where the bench's rows then took 9.6 and 24.5.
 constexpr double kAutoSwitchMargin = 0.05;
+// Rounds of one exploration at most, when each round crowns another candidate; then the choice
+// stays as it was until the next revisit. Three: a winner, a different one, and a third chance
+// for either to win twice.
+constexpr int kAutoMaxRounds = 3;
 
 // The online choice of one communicator. Pure bookkeeping: the communicator times the calls and
 // hands over the group's slowest times; every rank holds the same counts and the same times, so
@@ -98,8 +103,8 @@ class AutoLearner {
   bool record(std::uint64_t bytes, std::int64_t nanoseconds);
   Times& round_times(std::uint64_t bytes) { return size_class(bytes).times; }
   // Takes the candidate whose median call was fastest in the (group-wide) times; says so through
-  // the logger. A revisit whose winner would replace the choice starts a second round instead, and
-  // the winner of both takes over.
+  // the logger. A round whose winner would replace the choice starts another round instead, and
+  // the winner of two in a row takes over (at most kAutoMaxRounds per exploration).
   void decide(std::uint64_t bytes);
 
  private:
@@ -113,6 +118,7 @@ class AutoLearner {
     int trial = 0;
     std::uint64_t since_decided = 0;  // calls since the last decision
     int challenger = -1;               // the candidate that beat `chosen` in the last round, awaiting a second
+    int rounds = 0;                    // rounds of this exploration so far
     Times times{};
   };
   SizeClass& size_class(std::uint64_t bytes);
