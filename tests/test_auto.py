@@ -131,20 +131,25 @@ def test_an_unknown_algorithm_names_the_choices():
         ringreduce.all_reduce(torch.ones(3), algorithm="two_shot", group=ringreduce.LocalWorld(1).group(0))
 
 
-LEARNED_LINE = re.compile(r"auto on (\w+) with (\d+) ranks, (\d+)-(\d+) B: tried ring ([\d.]+) us, central ([\d.]+) us, "
-                          r"one_shot ([\d.]+) us \(the slowest rank, median of (\d) calls each\): (\w+)")
-# A size class explores its first calls: an untimed call of each of the three candidates, then a
-# round of 5 timed calls of each below 4 MiB and 2 above, then the times are exchanged; a round
-# whose winner would change the choice is followed by another, up to 3 (engine/auto_choice.h).
+LEARNED_LINE = re.compile(r"auto on (\w+) with (\d+) ranks, (\d+)-(\d+) B: tried ring ([\d.]+) us, central ([\d.]+) us"
+                          r"(?:, one_shot ([\d.]+) us)? \(the slowest rank, median of (\d) calls each\): (\w+)")
+# A size class explores its first calls: an untimed call of each candidate (ring, central, and
+# one_shot below 1 MiB), then a round of 5 timed calls of each below 4 MiB and 2 above, then the
+# times are exchanged; a round whose winner would change the choice is followed by another, up to
+# 3 (engine/auto_choice.h).
 MAX_ROUNDS = 3
 
 
+def candidates(nbytes):
+    return 3 if nbytes < (1 << 20) else 2
+
+
 def round_calls(nbytes):
-    return 3 * (5 if nbytes < (4 << 20) else 2)
+    return candidates(nbytes) * (5 if nbytes < (4 << 20) else 2)
 
 
 def first_exploration_calls(nbytes):
-    return 3 + round_calls(nbytes)
+    return candidates(nbytes) + round_calls(nbytes)
 
 
 def most_exploring_calls(nbytes):
@@ -191,7 +196,9 @@ def assert_the_fastest_won(line, retried):
     """Another candidate replaces the prior (one_shot up to 64 KiB, else ring) only after winning two
     rounds, the last of them the logged one; the prior stays when within 5% of the fastest, or when
     a winner was tried again and did not win twice."""
-    times = {"ring": float(line[4]), "central": float(line[5]), "one_shot": float(line[6])}
+    times = {"ring": float(line[4]), "central": float(line[5])}
+    if line[6] is not None:
+        times["one_shot"] = float(line[6])
     chosen = line[8]
     prior = "one_shot" if int(line[2]) <= (64 << 10) else "ring"
     fastest = min(times.values())
@@ -255,7 +262,7 @@ def _learn(rank, world, transport):
 
     sys.stderr = captured = io.StringIO()
     _C.set_auto_logging(True)  # ringreduce was imported before the harness set RINGREDUCE_DEBUG
-    for numel in (1000, 1_100_000):  # 4000 B and 4.4 MB: 5 timed calls of each candidate, and 2
+    for numel in (1000, 1_100_000):  # 4000 B and 4.4 MB: 5 timed calls of each of 3 candidates, and 2 of 2
         for call in range(most_exploring_calls(4 * numel) + 2):
             tensor = counted_inputs(world, numel, call)[rank]
             ringreduce.all_reduce(tensor, algorithm="auto", transport=transport)
@@ -270,6 +277,7 @@ def test_every_process_decides_on_the_same_slowest_rank_times(world, transport):
     assert all(len(lines) == 2 for lines, _ in said), said
     assert all(rank_said == said[0] for rank_said in said), said
     lines, retried = said[0]
+    assert [line[6] is not None for line in lines] == [True, False], lines  # one_shot tried below 1 MiB only
     for line in lines:
         assert line[0] == transport and line[1] == str(world)
         assert_the_fastest_won(line, set(retried))
@@ -321,8 +329,8 @@ def test_a_measured_choice_gives_way_only_to_a_candidate_that_wins_twice_in_a_ro
 
 
 def test_the_prior_too_gives_way_only_to_a_candidate_that_wins_twice_in_a_row():
-    nbytes, a_round = 64 << 20, 3 * 2  # three candidates, two timed calls each from 4 MiB up
-    # A workload's first calls, as logged on 2 ranks: central looked faster than ring, the prior...
+    nbytes, a_round = 512 << 10, 3 * 5  # prior ring; three candidates, five timed calls each
+    # A workload's first calls, as logged at 64 MiB on 2 ranks: central looked faster than ring...
     cold = {"ring": 27_700_000, "central": 26_300_000, "one_shot": 37_400_000}
     # ... where the bench's rows then took these.
     warm = {"ring": 9_600_000, "central": 24_500_000, "one_shot": 48_500_000}
@@ -341,3 +349,16 @@ def test_the_prior_too_gives_way_only_to_a_candidate_that_wins_twice_in_a_row():
     assert all(exploring for _, exploring in _calls(learner, nbytes, a_round, one_shot_ahead))
     assert all(exploring for _, exploring in _calls(learner, nbytes, a_round, cold))
     assert _calls(learner, nbytes, 1, cold) == [("ring", False)]
+
+
+def test_one_shot_is_tried_below_1_mib_only():
+    learner = _C.AutoLearnerProbe("shm", 2, True)
+    one_shot_fastest = {"ring": 900_000, "central": 950_000, "one_shot": 100_000}
+    below = _calls(learner, (1 << 20) - 1, 3 + 3 * 5, one_shot_fastest)
+    assert {algorithm for algorithm, _ in below} == {"ring", "central", "one_shot"}
+    above = _calls(learner, 1 << 20, 2 + 2 * 5 + 1, one_shot_fastest)
+    assert [algorithm for algorithm, _ in above] == ["ring", "central"] + ["ring"] * 5 + ["central"] * 5 + ["ring"]
+    assert not above[-1][1]
+    # A device's learner never had one_shot.
+    device = _C.AutoLearnerProbe("nccl", 2, False)
+    assert {algorithm for algorithm, _ in _calls(device, 4096, 2 + 2 * 5, one_shot_fastest)} == {"ring", "central"}

@@ -124,9 +124,10 @@ Algorithm choose_algorithm(const std::string& transport, int world, std::uint64_
 }
 
 AutoLearner::AutoLearner(std::string transport, int world, bool host_memory)
-    : transport_(std::move(transport)), world_(world) {
-  candidates_ = {Algorithm::Ring, Algorithm::Central};
-  if (host_memory) candidates_.push_back(Algorithm::OneShot);
+    : transport_(std::move(transport)), world_(world), host_memory_(host_memory) {}
+
+std::size_t AutoLearner::candidate_count(std::uint64_t bytes) const {
+  return host_memory_ && class_floor(bytes) < kOneShotCandidateBytes ? kCandidates.size() : kCandidates.size() - 1;
 }
 
 AutoLearner::SizeClass& AutoLearner::size_class(std::uint64_t bytes) {
@@ -140,9 +141,9 @@ int AutoLearner::trial_calls(std::uint64_t bytes) {
 
 AutoLearner::Pick AutoLearner::pick(std::uint64_t bytes) {
   SizeClass& size = size_class(bytes);
-  const int count = static_cast<int>(candidates_.size());
+  const int count = static_cast<int>(candidate_count(bytes));
   if (!size.decided && !size.exploring) {
-    size.chosen = prior_algorithm(bytes, count > 2);
+    size.chosen = prior_algorithm(bytes, host_memory_);
     size.exploring = true;  // the class's first call
     size.trial = -count;
   } else if (!size.exploring && ++size.since_decided >= kAutoRevisitEvery) {
@@ -151,18 +152,18 @@ AutoLearner::Pick AutoLearner::pick(std::uint64_t bytes) {
   }
   if (!size.exploring) return {size.chosen, false};
   const int candidate = size.trial < 0 ? size.trial + count : size.trial / trial_calls(bytes);
-  return {candidates_[static_cast<std::size_t>(candidate)], true};
+  return {kCandidates[static_cast<std::size_t>(candidate)], true};
 }
 
 bool AutoLearner::record(std::uint64_t bytes, std::int64_t nanoseconds) {
   SizeClass& size = size_class(bytes);
   if (size.trial >= 0) size.times[static_cast<std::size_t>(size.trial)] = nanoseconds;
-  return ++size.trial == static_cast<int>(candidates_.size()) * trial_calls(bytes);
+  return ++size.trial == static_cast<int>(candidate_count(bytes)) * trial_calls(bytes);
 }
 
 void AutoLearner::decide(std::uint64_t bytes) {
   SizeClass& size = size_class(bytes);
-  const std::size_t count = candidates_.size();
+  const std::size_t count = candidate_count(bytes);
   const int calls = trial_calls(bytes);
   std::vector<std::int64_t> typical(count);  // each candidate's median call (the lower one of an even count)
   for (std::size_t i = 0; i < count; ++i) {
@@ -172,7 +173,7 @@ void AutoLearner::decide(std::uint64_t bytes) {
   }
   const std::size_t best = static_cast<std::size_t>(std::min_element(typical.begin(), typical.end()) - typical.begin());
   const std::size_t current =
-      static_cast<std::size_t>(std::find(candidates_.begin(), candidates_.end(), size.chosen) - candidates_.begin());
+      static_cast<std::size_t>(std::find(kCandidates.begin(), kCandidates.end(), size.chosen) - kCandidates.begin());
   const Algorithm before = size.chosen;
   const bool first = !size.decided;
   const bool faster = static_cast<double>(typical[best]) < static_cast<double>(typical[current]) * (1.0 - kAutoSwitchMargin);
@@ -186,12 +187,12 @@ void AutoLearner::decide(std::uint64_t bytes) {
     size.trial = 0;  // exploring again, at once
     if (log) {
       log(detail::concat("auto on ", transport_, " with ", world_, " ranks, from ", class_floor(bytes), " B: ",
-                         algorithm_name(candidates_[best]), " looked faster than ", algorithm_name(before),
+                         algorithm_name(kCandidates[best]), " looked faster than ", algorithm_name(before),
                          "; trying again before switching"));
     }
     return;
   }
-  if (confirmed) size.chosen = candidates_[best];
+  if (confirmed) size.chosen = kCandidates[best];
   size.challenger = -1;
   size.rounds = 0;
   size.decided = true;
@@ -201,7 +202,7 @@ void AutoLearner::decide(std::uint64_t bytes) {
     const std::uint64_t floor = class_floor(bytes);
     std::string measured;
     for (std::size_t i = 0; i < count; ++i) {
-      measured += detail::concat(i ? ", " : "", algorithm_name(candidates_[i]), " ", (typical[i] + 50) / 100 / 10.0,
+      measured += detail::concat(i ? ", " : "", algorithm_name(kCandidates[i]), " ", (typical[i] + 50) / 100 / 10.0,
                                  " us");
     }
     log(detail::concat("auto on ", transport_, " with ", world_, " ranks, ", floor, "-",

@@ -80,6 +80,12 @@ constexpr double kAutoSwitchMargin = 0.05;
 // stays as it was until the next revisit. Three: a winner, a different one, and a third chance
 // for either to win twice.
 constexpr int kAutoMaxRounds = 3;
+// One-shot is tried in the size classes below this. It is the latency algorithm: one step instead
+// of 2(N-1), but every rank reduces the whole buffer and copies it once more; once a call takes
+// milliseconds the saved steps are worth nothing and it lost everywhere measured (from 1 MiB: 1.6-4.4x
+// ring's time at 2 and 4 ranks, every bench run of 2026-11-30 and 2026-12-01). Its exploring calls
+// there were the dearest of all: at 64 MiB, 2 ranks, 33 ms against ring's 7.5.
+constexpr std::uint64_t kOneShotCandidateBytes = 1024 * 1024;
 
 // The online choice of one communicator. Pure bookkeeping: the communicator times the calls and
 // hands over the group's slowest times; every rank holds the same counts and the same times, so
@@ -87,8 +93,9 @@ constexpr int kAutoMaxRounds = 3;
 // differed would raise MismatchError).
 class AutoLearner {
  public:
-  static constexpr int kMaxCandidates = 3;
-  using Times = std::array<std::int64_t, kMaxCandidates * kAutoSmallTrialCalls>;
+  // In this order; one_shot only on host memory and below kOneShotCandidateBytes.
+  static constexpr std::array<Algorithm, 3> kCandidates = {Algorithm::Ring, Algorithm::Central, Algorithm::OneShot};
+  using Times = std::array<std::int64_t, kCandidates.size() * kAutoSmallTrialCalls>;
 
   AutoLearner(std::string transport, int world, bool host_memory);
 
@@ -123,10 +130,11 @@ class AutoLearner {
   };
   SizeClass& size_class(std::uint64_t bytes);
   static int trial_calls(std::uint64_t bytes);
+  std::size_t candidate_count(std::uint64_t bytes) const;  // the first this many of kCandidates
 
   std::string transport_;
   int world_;
-  std::vector<Algorithm> candidates_;
+  bool host_memory_;
   std::array<SizeClass, 65> classes_;  // by bit width of the size: 0 B, 1 B, 2-3 B, 4-7 B, ...
 };
 

@@ -51,7 +51,14 @@ class CheckedCalls {
 
   // Forgets the calls on `group`, or every call when it is None.
   void forget(py::handle group) {
-    std::erase_if(entries_, [&](const Entry& entry) { return group.is_none() || entry.group.ptr() == group.ptr(); });
+    // The forgotten entries are destroyed after entries_ is whole again: a communicator's
+    // destructor releases the GIL, and another thread may then make a call.
+    std::vector<Entry> forgotten;
+    std::vector<Entry> kept;
+    for (Entry& entry : entries_) {
+      (group.is_none() || entry.group.ptr() == group.ptr() ? forgotten : kept).push_back(std::move(entry));
+    }
+    entries_ = std::move(kept);
   }
 
   std::size_t size() const { return entries_.size(); }
