@@ -267,16 +267,18 @@ def _learn(rank, world, transport):
             tensor = counted_inputs(world, numel, call)[rank]
             ringreduce.all_reduce(tensor, algorithm="auto", transport=transport)
             assert torch.equal(tensor, counted_sum(world, numel, call)), (numel, call)
-    return learned_lines(captured.getvalue()), sorted(retried_classes(captured.getvalue()))
+    choices = ringreduce._groups.communicator(None, tensor, transport, "auto").auto_choices()
+    return learned_lines(captured.getvalue()), sorted(retried_classes(captured.getvalue())), choices
 
 
 @pytest.mark.parametrize("world, transport", [(2, "shm"), (4, "shm"), (3, "pg")])
 def test_every_process_decides_on_the_same_slowest_rank_times(world, transport):
     """Each rank's own clock differs; the numbers every rank logs and decides on are the group's."""
     said = run_ranks(world, _learn, transport, env={"RINGREDUCE_DEBUG": "INFO", **NO_TABLE})
-    assert all(len(lines) == 2 for lines, _ in said), said
+    assert all(len(lines) == 2 for lines, _, _ in said), said
     assert all(rank_said == said[0] for rank_said in said), said
-    lines, retried = said[0]
+    lines, retried, choices = said[0]
+    assert choices == {int(line[2]): line[8] for line in lines}, (choices, lines)  # what the bench reads
     assert [line[6] is not None for line in lines] == [True, False], lines  # one_shot tried below 1 MiB only
     for line in lines:
         assert line[0] == transport and line[1] == str(world)

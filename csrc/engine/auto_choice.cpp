@@ -214,4 +214,13 @@ void AutoLearner::decide(std::uint64_t bytes) {
   }
 }
 
+std::vector<std::pair<std::uint64_t, Algorithm>> AutoLearner::choices() const {
+  std::vector<std::pair<std::uint64_t, Algorithm>> decided;
+  for (std::size_t width = 0; width < classes_.size(); ++width) {
+    const std::uint64_t floor = width == 0 ? 0 : std::uint64_t{1} << (width - 1);
+    if (classes_[width].decided) decided.emplace_back(floor, classes_[width].chosen);
+  }
+  return decided;
+}
+
 }  // namespace ringreduce

@@ -10,6 +10,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/header.h"
@@ -113,6 +114,8 @@ class AutoLearner {
   // the logger. A round whose winner would replace the choice starts another round instead, and
   // the winner of two in a row takes over (at most kAutoMaxRounds per exploration).
   void decide(std::uint64_t bytes);
+  // The choice of every decided size class, by the class's smallest size.
+  std::vector<std::pair<std::uint64_t, Algorithm>> choices() const;
 
  private:
   struct SizeClass {

@@ -106,6 +106,10 @@ AutoLearner::Pick Communicator::resolve_auto(std::uint64_t bytes) {
   return learner_->pick(bytes);
 }
 
+std::vector<std::pair<std::uint64_t, Algorithm>> Communicator::auto_choices() const {
+  return learner_ ? learner_->choices() : std::vector<std::pair<std::uint64_t, Algorithm>>{};
+}
+
 void Communicator::share_auto_times(std::uint64_t bytes) {
   AutoLearner::Times& times = learner_->round_times(bytes);
   CollectiveArgs exchange;

@@ -7,6 +7,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/reducer.h"
 #include "core/stream_context.h"
@@ -69,6 +71,10 @@ class Communicator {
   // the transport is aborted, every rank raises the same error, and every later call raises it again.
   // An all-reduce of algorithm Auto runs what the table, the learner or the prior chooses.
   void run(const CollectiveArgs& args);
+
+  // What auto runs now in each size class it has decided, by the class's smallest size (empty
+  // where it does not learn). Call it from a job of executor(), as the collectives change it.
+  std::vector<std::pair<std::uint64_t, Algorithm>> auto_choices() const;
 
  private:
   // The algorithm an Auto all-reduce of `bytes` runs, and whether the learner is trying it.

@@ -211,6 +211,19 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
       .def_property_readonly("transport", &Communicator::transport_name)
+      .def(
+          "auto_choices",
+          [](Communicator& communicator) {
+            std::vector<std::pair<std::uint64_t, Algorithm>> choices;
+            {
+              const py::gil_scoped_release release;  // waits behind the collectives in flight
+              communicator.executor().run([&] { choices = communicator.auto_choices(); });
+            }
+            py::dict named;
+            for (const auto& [floor, algorithm] : choices) named[py::int_(floor)] = algorithm_name(algorithm);
+            return named;
+          },
+          "what algorithm='auto' runs now in each size class it has learned: {smallest size in bytes: algorithm}")
       .def("all_reduce", &all_reduce, py::arg("tensor"), py::arg("op"), py::arg("algorithm"), py::arg("segment_bytes"),
            py::arg("root"), py::arg("async_op"))
       .def("reduce_scatter", &reduce_scatter, py::arg("output"), py::arg("input"), py::arg("op"),

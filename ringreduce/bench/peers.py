@@ -48,8 +48,8 @@ def mpirun_command(args):
 
 def run_under_mpirun(command, argv, store_path, out_path):
     """Runs the benchmark's ranks as MPI processes; rank 0 writes its result to `out_path`."""
-    subprocess.run(command + [sys.executable, "-m", "ringreduce.bench.peers", json.dumps(argv), store_path, out_path],
-                   check=True)
+    subprocess.run(command + [sys.executable, "-m", "ringreduce.bench.mpi_rank", json.dumps(argv), store_path,
+                              out_path], check=True)
 
 
 def mpi_row(args):
@@ -69,12 +69,3 @@ def mpi_row(args):
 
     return ("OpenMPI", "-", "mpi4py", "cpu", all_reduce, contextlib.nullcontext)
 
-
-if __name__ == "__main__":
-    from mpi4py import MPI
-
-    from ringreduce.bench import options, run
-
-    argv, store_path, out_path = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
-    world = MPI.COMM_WORLD
-    run.spawned_rank(world.Get_rank(), world.Get_size(), store_path, options.parse_args(argv), out_path)

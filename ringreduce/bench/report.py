@@ -101,6 +101,15 @@ def print_auto(records, out):
             best = min((by_key[(transport, a, size)] for a in fixed if (transport, a, size) in by_key), default=None)
             cells.append(f"{auto / best:>9.2f}" if auto and best else f"{'-':>9}")
         out.write(f"# {'auto / best':<28}" + "".join(cells) + "\n")
+        # Two rows that run the same algorithm differ by the machine's noise alone: auto against
+        # the row of what it ran tells that noise from a wrong choice.
+        ran = {r["bytes"]: r.get("auto_ran") for r in ours if r["transport"] == transport and r["algorithm"] == "auto"}
+        out.write(f"# {'auto ran':<28}" + "".join(f"{ran.get(s) or '-':>9}" for s in sizes) + "\n")
+        cells = []
+        for size in sizes:
+            auto, own = by_key.get((transport, "auto", size)), by_key.get((transport, ran.get(size), size))
+            cells.append(f"{auto / own:>9.2f}" if auto and own else f"{'-':>9}")
+        out.write(f"# {'auto / the row of what it ran':<28}" + "".join(cells) + "\n")
 
 
 def print_ratios(records, out):

@@ -23,6 +23,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import ringreduce
+from ringreduce import _groups
 from ringreduce.bench import peers, report
 from ringreduce.bench.inputs import bench_inputs, collective_buffers, collective_expected, expected_result
 from ringreduce.bench.options import DTYPES, HOST_ONLY_ALGORITHMS, NATIVE_ALGORITHM, OPS, parse_args, size_sweep
@@ -102,6 +103,13 @@ def count_wrong(fn, collective, rank, world, numel, dtype, op, device="cpu") -> 
     return int(total.item())
 
 
+def auto_ran(transport, device, nbytes):
+    """What auto runs now for `nbytes` on this transport (None while it has not decided): read after
+    the row's trials, so it is what the row ran once learning was over."""
+    comm = _groups.communicator(None, torch.empty(0, device=device), transport, "auto")
+    return comm.auto_choices().get(1 << (nbytes.bit_length() - 1))
+
+
 def gpus_for_processes(args, world) -> bool:
     """Whether every rank can have a GPU of its own (then the NCCL rows run across processes)."""
     return args.gpu != "off" and torch.cuda.is_available() and torch.cuda.device_count() >= world
@@ -175,6 +183,8 @@ def run_sweep(args, rank, world):
                 wrong = count_wrong(fn, args.collective, rank, world, numel, dtype, op, device) if args.check else -1
             records.append(report.record(impl, algorithm, transport, world, args.dtype, args.op, nbytes, numel,
                                          row_seconds, wrong, args.collective))
+            if impl == "ringreduce" and algorithm == "auto":
+                records[-1]["auto_ran"] = auto_ran(transport, device, nbytes)
     progress.done()
     return records
 
