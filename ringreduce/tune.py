@@ -42,11 +42,11 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def bench_args(args, world, transports):
-    return options.parse_args(["--world", str(world), "-b", args.minbytes, "-e", args.maxbytes, "-f",
-                               str(args.stepfactor), "--trials", str(args.trials), "--iters", str(args.iters),
-                               "--algorithms", ",".join(CANDIDATES), "--transports", transports, "--no-torch",
-                               "--no-mpi", "--gpu", "off", "--progress", "0"])
+def bench_argv(args, world, transports):
+    """The benchmark's command line for one world size: the candidates only, no peers, no GPU."""
+    return ["--world", str(world), "-b", args.minbytes, "-e", args.maxbytes, "-f", str(args.stepfactor), "--trials",
+            str(args.trials), "--iters", str(args.iters), "--algorithms", ",".join(CANDIDATES), "--transports",
+            transports, "--no-torch", "--no-mpi", "--gpu", "off", "--progress", "0"]
 
 
 def local_records(bargs, world):
@@ -119,10 +119,11 @@ def measure(args):
     worlds = [int(os.environ["WORLD_SIZE"])] if under_launcher else [int(w) for w in args.worlds.split(",") if w]
     records = []
     for world in worlds:
-        bargs = bench_args(args, world, process_transports or "shm")
+        argv = bench_argv(args, world, process_transports or "shm")
+        bargs = options.parse_args(argv)
         if process_transports:
             print(f"# timing {process_transports} with {world} ranks", file=sys.stderr, flush=True)
-            result = run.launch(bargs)
+            result = run.launch(bargs, argv)
             if result is None:  # a non-zero rank under the launcher
                 return None
             records += [r for r in result[0] if r["impl"] == "ringreduce"]

@@ -48,8 +48,11 @@ def mpirun_command(args):
 
 def run_under_mpirun(command, argv, store_path, out_path):
     """Runs the benchmark's ranks as MPI processes; rank 0 writes its result to `out_path`."""
-    subprocess.run(command + [sys.executable, "-m", "ringreduce.bench.mpi_rank", json.dumps(argv), store_path,
-                              out_path], check=True)
+    done = subprocess.run(command + [sys.executable, "-m", "ringreduce.bench.mpi_rank", json.dumps(argv), store_path,
+                                     out_path])
+    if done.returncode != 0:
+        raise SystemExit(f"the benchmark's ranks under mpirun failed (exit status {done.returncode}; their errors are "
+                         "above); --no-mpi runs them without OpenMPI")
 
 
 def mpi_row(args):

@@ -29,8 +29,9 @@ def nothing():
 def timed_trials(calls, args, barrier, slowest, agree, sync=nothing, settings=None) -> list:
     """Median seconds per call of each of `calls`, over args.trials trials run round-robin.
 
-    Interleaving the rows trial by trial means a burst of load from elsewhere on the machine hits
-    every row alike instead of one row, so the ratios between rows hold up; the median drops bursts.
+    Interleaving the rows trial by trial, in an order that rotates, means a burst of load from
+    elsewhere on the machine hits every row alike instead of one row, so the ratios between rows
+    hold up; the median drops bursts.
     `sync` ends a trial (torch.cuda.synchronize for GPU rows, whose calls only queue work);
     `settings[i]`, a context manager factory, is entered around row i's calls.
     """
@@ -47,8 +48,12 @@ def timed_trials(calls, args, barrier, slowest, agree, sync=nothing, settings=No
             sync()
         iters.append(agree(iterations_for(slowest(time.perf_counter() - start), args)))
     samples = [[] for _ in calls]
-    for _ in range(args.trials):
-        for call, setting, n, row in zip(calls, settings, iters, samples):
+    rows = list(zip(calls, settings, iters, samples))
+    for trial in range(args.trials):
+        # Each trial starts one row later, so every row takes every place in the round: a
+        # disturbance that recurs with the round's period would otherwise hit one row every time.
+        start_row = trial % len(rows)
+        for call, setting, n, row in rows[start_row:] + rows[:start_row]:
             time.sleep(ROW_SETTLE_SECONDS)
             with setting():
                 barrier()
