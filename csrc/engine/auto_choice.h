@@ -67,9 +67,10 @@ Algorithm choose_algorithm(const std::string& transport, int world, std::uint64_
 constexpr int kAutoSmallTrialCalls = 5;
 constexpr int kAutoLargeTrialCalls = 2;
 constexpr std::uint64_t kAutoLargeBytes = 4 * 1024 * 1024;
-// Calls of a size class between two explorations of it. An exploration costs at most
+// Calls of a size class between two explorations of it. A round costs at most
 // kAutoSmallTrialCalls * (candidates - 1) calls of the slower candidates: 10 of 2000 calls, about
-// 1% where the slower candidates take twice the time of the best.
+// 1% where the slower candidates take twice the time of the best (three times that in the rare
+// exploration whose winner keeps changing, kAutoMaxRounds).
 constexpr std::uint64_t kAutoRevisitEvery = 2000;
 // A candidate replaces the current choice only when it is this much faster, so measurement noise
 // does not flip the choice back and forth; and only when it wins a second round run at once, as a
