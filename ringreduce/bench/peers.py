@@ -18,16 +18,15 @@ import subprocess
 import sys
 
 # MPI has no standard 16-bit float types and no AVG, so those rows are left out.
-MPI_TYPES = {"float32": "float32", "float64": "float64", "int8": "int8", "uint8": "uint8", "int32": "int32",
-             "int64": "int64"}
-MPI_OPS = ("sum", "prod", "min", "max")
+MPI_DTYPES = ("float32", "float64", "int8", "uint8", "int32", "int64")
+MPI_OPS = {"sum": "SUM", "prod": "PROD", "min": "MIN", "max": "MAX"}  # the bench's op names -> mpi4py's
 
 def mpirun_command(args):
     """The mpirun command line that launches args.world ranks, or None (and a note why) when the
     OpenMPI row cannot be timed."""
     why = None
-    if args.dtype not in MPI_TYPES or args.op not in MPI_OPS:
-        why = f"MPI has no {args.dtype if args.dtype not in MPI_TYPES else args.op.upper()}"
+    if args.dtype not in MPI_DTYPES or args.op not in MPI_OPS:
+        why = f"MPI has no {args.dtype if args.dtype not in MPI_DTYPES else args.op.upper()}"
     else:
         try:
             import mpi4py  # noqa: F401
@@ -57,11 +56,10 @@ def run_under_mpirun(command, argv, store_path, out_path):
 
 def mpi_row(args):
     """The OpenMPI row (as run.process_rows makes its rows), or None outside mpirun's processes."""
-    MPI = sys.modules.get("mpi4py.MPI")  # imported, and MPI initialised, only by the __main__ below
+    MPI = sys.modules.get("mpi4py.MPI")  # imported, and MPI initialised, only by mpi_rank.py
     if MPI is None or not MPI.Is_initialized():
         return None
-
-    mpi_op = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}[args.op]
+    mpi_op = getattr(MPI, MPI_OPS[args.op])
     comm = MPI.COMM_WORLD
     last = [None, None]  # the tensor of the previous call and its NumPy view: one view per buffer
 
