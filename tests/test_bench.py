@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from ringreduce.bench import timing
 from ringreduce.bench.options import COLLECTIVES
 from ringreduce.bench.report import BUS_FACTORS
 
@@ -17,7 +18,7 @@ BENCH_TIMEOUT_S = 240
 def test_bench_rows_are_checked_and_correct(collective, tmp_path):
     out = tmp_path / "bench.json"
     done = subprocess.run([sys.executable, "-m", "ringreduce.bench", "--world", "2", "--sizes", "4K,300K",
-                           "--collective", collective, "--trials", "1", "--iters", "3", "--no-mpi", "--progress", "0",
+                           "--collective", collective, "--trials", "3", "--iters", "3", "--no-mpi", "--progress", "0",
                            "--json", str(out)], capture_output=True, text=True, timeout=BENCH_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]
     records = json.loads(out.read_text())
@@ -27,6 +28,7 @@ def test_bench_rows_are_checked_and_correct(collective, tmp_path):
     for r in records:
         assert r["collective"] == collective and r["wrong"] == 0, r
         assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * BUS_FACTORS[collective][1](2)), r
+        assert 0 < r["fastest_us"] <= r["time_us"], r
     assert f"# {collective}, 2 ranks" in done.stdout
     if collective == "all_reduce":
         algorithms = {r["algorithm"] for r in records if r["transport"] == "shm"}
@@ -46,4 +48,45 @@ def test_the_openmpi_row_runs_in_the_benchmarks_own_processes(tmp_path):
     records = json.loads(out.read_text())
     mpi = [r for r in records if r["impl"] == "OpenMPI"]
     assert [r["bytes"] for r in mpi] == [4096, 65536] and all(r["wrong"] == 0 for r in mpi), mpi
-    assert "# speed-up over OpenMPI (mpi4py)" in done.stdout
+    assert "# speed-up over OpenMPI (mpi4py) (its time / ours; > 1 is faster; median trials)" in done.stdout
+
+
+class FakeClock:
+    """perf_counter and sleep of the timing module, advanced only by the calls under test."""
+
+    def __init__(self):
+        self.now, self.pauses = 0.0, []
+
+    def perf_counter(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.pauses.append(seconds)
+
+
+def test_trials_interleave_in_a_rotating_order_and_give_each_rows_median_and_fastest(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(timing, "time", clock)
+    # Row 0's calls take 1, 5, 2, 4, 3 ms in its successive trials; row 1's always 10 ms.
+    durations = [[0.001, 0.005, 0.002, 0.004, 0.003], [0.010] * 5]
+    made = []
+
+    def call_of(row):
+        def call():
+            timed = [r for r in made if r == row]
+            made.append(row)
+            warmup_and_calibration = 2
+            trial = (len(timed) - warmup_and_calibration) // 4 if len(timed) >= warmup_and_calibration else 0
+            clock.now += durations[row][trial]
+        return call
+
+    class Args:
+        iters, warmup, trials = 4, 1, 5
+
+    times = timing.timed_trials([call_of(0), call_of(1)], Args, timing.nothing, lambda t: t, lambda n: n,
+                                settles=[False, True])
+    assert [t._asdict() for t in times] == [{"median": pytest.approx(0.003), "fastest": pytest.approx(0.001)},
+                                            {"median": pytest.approx(0.010), "fastest": pytest.approx(0.010)}]
+    timed = made[4:]  # after each row's warm-up call and calibration call
+    assert timed == [0] * 4 + [1] * 4 + [1] * 4 + [0] * 4 + [0] * 4 + [1] * 4 + [1] * 4 + [0] * 4 + [0] * 4 + [1] * 4
+    assert clock.pauses == [timing.TCP_SETTLE_SECONDS] * 5  # after each trial of the TCP row only

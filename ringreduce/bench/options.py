@@ -24,8 +24,10 @@ COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduc
 # The one algorithm each collective but all_reduce runs on (broadcast: a chain along the ring;
 # reduce: the central reducer's first half, into rank 0).
 NATIVE_ALGORITHM = {"reduce_scatter": "ring", "all_gather": "ring", "broadcast": "ring", "reduce": "central"}
-# Trials per row; the table reports the median trial.
-DEFAULT_TRIALS = 5
+# Trials per row; the table reports the median trial and the fastest. 21: trials of about 24 ms
+# (timing.TARGET_SECONDS_PER_ROW / 21), far shorter than this host's slow spells, and an odd count
+# has a middle trial.
+DEFAULT_TRIALS = 21
 # Algorithms that run on host memory only, left out of the GPU rows.
 HOST_ONLY_ALGORITHMS = ("one_shot",)
 DESCRIPTION = "nccl-tests-style benchmark: ringreduce's collectives beside torch.distributed's."

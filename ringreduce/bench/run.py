@@ -5,7 +5,8 @@
     torchrun --nproc_per_node 2 -m ringreduce.bench
 
 Every row of one run shares the same processes, so the ratios between rows are measured side by
-side. time_us is the slowest rank's mean time per call; algbw = bytes / time and
+side. time_us is the slowest rank's mean time per call in the median trial, fastest_us in the
+fastest trial; algbw = bytes / time_us and
 busbw = algbw * 2(n-1)/n, as in nccl-tests. #wrong counts wrong elements in a separate, untimed
 pass that checks the result against its closed form.
 """
@@ -32,10 +33,16 @@ from ringreduce.bench.timing import nothing, timed_trials
 R = dist.ReduceOp
 
 
-def _slowest(seconds: float) -> float:
-    value = torch.tensor([seconds], dtype=torch.float64)
+# Rows whose traffic goes over TCP on loopback (torch's gloo rows, ringreduce's pg transport): a
+# pause follows each of their trials (timing.TCP_SETTLE_SECONDS).
+TCP_TRANSPORTS = ("gloo", "pg")
+
+
+def _slowest(seconds: list) -> list:
+    """The group's slowest of each of this rank's times."""
+    value = torch.tensor(seconds, dtype=torch.float64)
     dist.all_reduce(value, op=R.MAX)
-    return value.item()
+    return value.tolist()
 
 
 def _agree(iters: int) -> int:
@@ -176,13 +183,14 @@ def run_sweep(args, rank, world):
         numel = numel_for(args.collective, size, dtype, world)
         buffers = [collective_buffers(args.collective, rank, world, numel, dtype, op, row[3]) for row in rows]
         calls = [lambda fn=row[4], b=b: fn(b[0], b[1], op) for row, b in zip(rows, buffers)]
-        seconds = timed_trials(calls, args, dist.barrier, _slowest, _agree, sync, [row[5] for row in rows])
+        times = timed_trials(calls, args, dist.barrier, _slowest, _agree, sync, [row[5] for row in rows],
+                             [row[2] in TCP_TRANSPORTS for row in rows])
         nbytes = numel * torch.empty((), dtype=dtype).element_size()
-        for (impl, algorithm, transport, device, fn, setting), row_seconds in zip(rows, seconds):
+        for (impl, algorithm, transport, device, fn, setting), row_time in zip(rows, times):
             with setting():
                 wrong = count_wrong(fn, args.collective, rank, world, numel, dtype, op, device) if args.check else -1
             records.append(report.record(impl, algorithm, transport, world, args.dtype, args.op, nbytes, numel,
-                                         row_seconds, wrong, args.collective))
+                                         row_time, wrong, args.collective))
             if impl == "ringreduce" and algorithm == "auto":
                 records[-1]["auto_ran"] = auto_ran(transport, device, nbytes)
     progress.done()
@@ -203,9 +211,9 @@ def virtual_gpu_rows(args, world):
         numel = max(1, size // torch.empty((), dtype=dtype).element_size())
         tensor_sets = [[torch.zeros(numel, dtype=dtype, device="cuda") for _ in range(world)] for _ in rows]
         calls = [lambda a=row[1], ts=ts: local.all_reduce(ts, op, algorithm=a) for row, ts in zip(rows, tensor_sets)]
-        seconds = timed_trials(calls, args, nothing, lambda t: t, lambda n: n, torch.cuda.synchronize,
+        times = timed_trials(calls, args, nothing, lambda t: t, lambda n: n, torch.cuda.synchronize,
                                [row[2] for row in rows])
-        for (label, algorithm, setting), row_seconds in zip(rows, seconds):
+        for (label, algorithm, setting), row_time in zip(rows, times):
             wrong = -1
             if args.check:
                 inputs = [bench_inputs(r, world, numel, dtype, op).cuda() for r in range(world)]
@@ -214,7 +222,7 @@ def virtual_gpu_rows(args, world):
                 expected = expected_result(world, numel, dtype, op)
                 wrong = sum(int((t.cpu() != expected).sum()) for t in inputs)
             records.append(report.record("ringreduce", label, "local-cuda", world, args.dtype, args.op, size, numel,
-                                         row_seconds, wrong))
+                                         row_time, wrong))
     return records
 
 

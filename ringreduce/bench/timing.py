@@ -1,17 +1,26 @@
-"""Timing rows side by side: warm-up, interleaved trials, and the median."""
+"""Timing rows side by side: warm-up, many short interleaved trials, their median and their fastest."""
 
 import contextlib
 import time
+from typing import NamedTuple
 
 # With --iters 0 each (row, size) is timed for about this long in all, within these bounds on the
 # calls per trial: long enough to average out the scheduler on a shared 2-core machine, short
 # enough that the default sweep stays under two minutes.
 TARGET_SECONDS_PER_ROW = 0.5
-MIN_ITERS, MAX_ITERS = 3, 2000
-# Pause before each row's trial. gloo's traffic leaves work behind in the kernel (TCP on loopback)
-# for tens of milliseconds: 4 KiB shm calls timed right after 200 gloo calls took 10 us instead of
-# 3 us, and 2.7 us again after a pause. Without it, rows that follow gloo rows pay for them.
-ROW_SETTLE_SECONDS = 0.05
+MIN_ITERS, MAX_ITERS = 1, 2000
+# Pause after each trial of a row whose traffic goes over TCP (gloo, and ringreduce's pg transport).
+# gloo's traffic leaves work behind in the kernel (TCP on loopback) for tens of milliseconds: 4 KiB
+# shm calls timed right after 200 gloo calls took 10 us instead of 3 us, and 2.7 us again after a
+# pause. Other rows do without: a pause before each of 21 trials of 5 rows would add 5 s per size.
+TCP_SETTLE_SECONDS = 0.05
+
+
+class RowTime(NamedTuple):
+    """Seconds per call of a row: its median trial, and its fastest."""
+
+    median: float
+    fastest: float
 
 
 def iterations_for(one_call_seconds: float, args) -> int:
@@ -26,16 +35,21 @@ def nothing():
     """The default trial end: host calls are done when they return."""
 
 
-def timed_trials(calls, args, barrier, slowest, agree, sync=nothing, settings=None) -> list:
-    """Median seconds per call of each of `calls`, over args.trials trials run round-robin.
+def timed_trials(calls, args, barrier, slowest, agree, sync=nothing, settings=None, settles=None) -> list:
+    """RowTime of each of `calls`, over args.trials trials run round-robin.
 
     Interleaving the rows trial by trial, in an order that rotates, means a burst of load from
-    elsewhere on the machine hits every row alike instead of one row, so the ratios between rows
-    hold up; the median drops bursts.
+    elsewhere on the machine hits every row alike instead of one row. This host has spells of
+    seconds in which every call takes 5-10x longer (2 ranks, 1 MiB ring: 55 us, then 400-800 us
+    for a second or more): with trials of a few milliseconds each row meets them as often as the
+    others, and the fastest trial of each row is its speed outside them.
+    `slowest` maps a list of this rank's seconds to the group's slowest, element by element;
     `sync` ends a trial (torch.cuda.synchronize for GPU rows, whose calls only queue work);
-    `settings[i]`, a context manager factory, is entered around row i's calls.
+    `settings[i]`, a context manager factory, is entered around row i's calls; `settles[i]` says
+    that row i's trials are followed by a TCP_SETTLE_SECONDS pause.
     """
     settings = settings or [contextlib.nullcontext] * len(calls)
+    settles = settles or [False] * len(calls)
     iters = []
     for call, setting in zip(calls, settings):
         with setting():
@@ -46,21 +60,24 @@ def timed_trials(calls, args, barrier, slowest, agree, sync=nothing, settings=No
             start = time.perf_counter()
             call()
             sync()
-        iters.append(agree(iterations_for(slowest(time.perf_counter() - start), args)))
+        iters.append(agree(iterations_for(slowest([time.perf_counter() - start])[0], args)))
     samples = [[] for _ in calls]
-    rows = list(zip(calls, settings, iters, samples))
+    rows = list(zip(calls, settings, settles, iters, samples))
     for trial in range(args.trials):
         # Each trial starts one row later, so every row takes every place in the round: a
         # disturbance that recurs with the round's period would otherwise hit one row every time.
         start_row = trial % len(rows)
-        for call, setting, n, row in rows[start_row:] + rows[:start_row]:
-            time.sleep(ROW_SETTLE_SECONDS)
+        for call, setting, settle, n, row in rows[start_row:] + rows[:start_row]:
             with setting():
                 barrier()
                 start = time.perf_counter()
                 for _ in range(n):
                     call()
                 sync()
-                elapsed = time.perf_counter() - start
-            row.append(slowest(elapsed / n))
-    return [sorted(row)[len(row) // 2] for row in samples]
+                row.append((time.perf_counter() - start) / n)
+            if settle:
+                time.sleep(TCP_SETTLE_SECONDS)
+    # One exchange for all trials: a gloo all-reduce per trial would add the TCP traffic the pause is for.
+    group_times = slowest([t for row in samples for t in row])
+    per_row = [sorted(group_times[i * args.trials:(i + 1) * args.trials]) for i in range(len(calls))]
+    return [RowTime(median=times[len(times) // 2], fastest=times[0]) for times in per_row]
