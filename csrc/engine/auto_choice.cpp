@@ -139,6 +139,11 @@ int AutoLearner::trial_calls(std::uint64_t bytes) {
   return class_floor(bytes) < kAutoLargeBytes ? kAutoSmallTrialCalls : kAutoLargeTrialCalls;
 }
 
+void AutoLearner::start_round(SizeClass& size) {
+  size.trial = 0;
+  size.times.fill(0);
+}
+
 AutoLearner::Pick AutoLearner::pick(std::uint64_t bytes) {
   SizeClass& size = size_class(bytes);
   const int count = static_cast<int>(candidate_count(bytes));
@@ -148,7 +153,7 @@ AutoLearner::Pick AutoLearner::pick(std::uint64_t bytes) {
     size.trial = -count;
   } else if (!size.exploring && ++size.since_decided >= kAutoRevisitEvery) {
     size.exploring = true;  // look again: the machine's load or placement may have changed
-    size.trial = 0;
+    start_round(size);
   }
   if (!size.exploring) return {size.chosen, false};
   const int candidate = size.trial < 0 ? size.trial + count : size.trial / trial_calls(bytes);
@@ -157,7 +162,7 @@ AutoLearner::Pick AutoLearner::pick(std::uint64_t bytes) {
 
 bool AutoLearner::record(std::uint64_t bytes, std::int64_t nanoseconds) {
   SizeClass& size = size_class(bytes);
-  if (size.trial >= 0) size.times[static_cast<std::size_t>(size.trial)] = nanoseconds;
+  if (size.trial >= 0) size.times[static_cast<std::size_t>(size.trial / trial_calls(bytes))] += nanoseconds;
   return ++size.trial == static_cast<int>(candidate_count(bytes)) * trial_calls(bytes);
 }
 
@@ -165,12 +170,8 @@ void AutoLearner::decide(std::uint64_t bytes) {
   SizeClass& size = size_class(bytes);
   const std::size_t count = candidate_count(bytes);
   const int calls = trial_calls(bytes);
-  std::vector<std::int64_t> typical(count);  // each candidate's median call (the lower one of an even count)
-  for (std::size_t i = 0; i < count; ++i) {
-    const auto first = size.times.begin() + static_cast<std::ptrdiff_t>(i) * calls;
-    std::sort(first, first + calls);
-    typical[i] = *(first + (calls - 1) / 2);
-  }
+  std::vector<std::int64_t> typical(count);  // each candidate's mean call on the slowest rank
+  for (std::size_t i = 0; i < count; ++i) typical[i] = size.times[i] / calls;
   const std::size_t best = static_cast<std::size_t>(std::min_element(typical.begin(), typical.end()) - typical.begin());
   const std::size_t current =
       static_cast<std::size_t>(std::find(kCandidates.begin(), kCandidates.end(), size.chosen) - kCandidates.begin());
@@ -184,7 +185,7 @@ void AutoLearner::decide(std::uint64_t bytes) {
     // rounds in a row: one round can fall in a burst of the machine's noise, or in the first
     // calls of a workload, which pay for caches and pages, and slow the candidates unevenly.
     size.challenger = static_cast<int>(best);
-    size.trial = 0;  // exploring again, at once
+    start_round(size);  // exploring again, at once
     if (log) {
       log(detail::concat("auto on ", transport_, " with ", world_, " ranks, from ", class_floor(bytes), " B: ",
                          algorithm_name(kCandidates[best]), " looked faster than ", algorithm_name(before),
@@ -207,7 +208,7 @@ void AutoLearner::decide(std::uint64_t bytes) {
     }
     log(detail::concat("auto on ", transport_, " with ", world_, " ranks, ", floor, "-",
                        floor == 0 ? 0 : floor * 2 - 1, " B: tried ", measured,
-                       " (the slowest rank, median of ", calls, " calls each): ", algorithm_name(size.chosen),
+                       " (the slowest rank's mean of ", calls, " calls each): ", algorithm_name(size.chosen),
                        first ? (size.chosen == before ? " (the prior)" : detail::concat(" (the prior was ",
                                                                                         algorithm_name(before), ")"))
                              : detail::concat(" (was ", algorithm_name(before), ")")));

@@ -58,10 +58,14 @@ bool table_covers(const std::string& transport);
 Algorithm choose_algorithm(const std::string& transport, int world, std::uint64_t bytes, bool host_memory);
 
 // Timed calls of each candidate per exploration, one after another (the way a training loop
-// calls), judged by their median: a call the scheduler preempted, or that found the peers late,
-// does not decide. Five below kAutoLargeBytes, where a round of 15 calls takes at most tens of
-// milliseconds; two above, where a call takes milliseconds and each extra call of a slow candidate
-// costs as much as hundreds of small ones. 4 MiB, not 256 KiB as first: with two calls each, the
+// calls), judged by the slowest rank's mean: what a loop of such calls takes. Not the median of
+// the calls: beside a busy process (2 ranks, 4 KiB, 2026-12-02) one_shot's calls had a median of
+// 22 us against ring's 20, yet a mean of 17 against 21 (many calls fast, the rest waiting for a
+// descheduled peer), and the median of 5 calls chose central where the bench's rows took 47 us for
+// central and 14 for one_shot. A call preempted for milliseconds does skew a mean; the second round
+// a switch needs (kAutoSwitchMargin) keeps that from moving the choice. Five below kAutoLargeBytes,
+// where a round of 15 calls takes at most tens of milliseconds; two above, where a call takes
+// milliseconds and each extra call of a slow candidate costs as much as hundreds of small ones. 4 MiB, not 256 KiB as first: with two calls each, the
 // 4-rank 256 KiB class chose one_shot at 3.5x ring's time in a bench run (2026-12-01), a call of
 // 0.1-0.4 ms on 4 ranks of 2 cores being as noisy as the small ones.
 constexpr int kAutoSmallTrialCalls = 5;
@@ -97,7 +101,9 @@ class AutoLearner {
  public:
   // In this order; one_shot only on host memory and below kOneShotCandidateBytes.
   static constexpr std::array<Algorithm, 3> kCandidates = {Algorithm::Ring, Algorithm::Central, Algorithm::OneShot};
-  using Times = std::array<std::int64_t, kCandidates.size() * kAutoSmallTrialCalls>;
+  // Nanoseconds of each candidate's timed calls of a round, summed: this rank's, then (after the
+  // all-reduce) the slowest rank's.
+  using Times = std::array<std::int64_t, kCandidates.size()>;
 
   AutoLearner(std::string transport, int world, bool host_memory);
 
@@ -111,7 +117,7 @@ class AutoLearner {
   // round_times() goes through an all-reduce (MAX) across the group, and decide() follows.
   bool record(std::uint64_t bytes, std::int64_t nanoseconds);
   Times& round_times(std::uint64_t bytes) { return size_class(bytes).times; }
-  // Takes the candidate whose median call was fastest in the (group-wide) times; says so through
+  // Takes the candidate whose calls took least in the (group-wide) times; says so through
   // the logger. A round whose winner would replace the choice starts another round instead, and
   // the winner of two in a row takes over (at most kAutoMaxRounds per exploration).
   void decide(std::uint64_t bytes);
@@ -132,6 +138,7 @@ class AutoLearner {
     int rounds = 0;                    // rounds of this exploration so far
     Times times{};
   };
+  static void start_round(SizeClass& size);
   SizeClass& size_class(std::uint64_t bytes);
   static int trial_calls(std::uint64_t bytes);
   std::size_t candidate_count(std::uint64_t bytes) const;  // the first this many of kCandidates
