@@ -20,7 +20,7 @@ def all_reduce(
     op=dist.ReduceOp.SUM,
     group=None,
     async_op=False,
-    algorithm="ring",
+    algorithm="auto",
     transport=None,
     *,
     segment_bytes=None,
@@ -36,9 +36,10 @@ def all_reduce(
         group: a ``torch.distributed`` group (None: the default group) or a ``LocalWorld`` rank.
         async_op: return a work handle (``wait()``, ``is_completed()``, ``get_future()``) instead
             of blocking. Async calls on one group complete in the order they were issued.
-        algorithm: ``"ring"`` (reduce-scatter then all-gather), ``"central"`` (reduce at a
-            root, then broadcast), ``"one_shot"`` (every rank reduces every rank's buffer; CPU
-            tensors, small messages) or ``"auto"`` (learned online per size class; see ringreduce.tuning).
+        algorithm: ``"auto"`` (the default: learned online per size class; see ringreduce.tuning),
+            ``"ring"`` (reduce-scatter then all-gather), ``"central"`` (reduce at a root, then
+            broadcast) or ``"one_shot"`` (every rank reduces every rank's buffer; CPU tensors,
+            small messages). Give a fixed one for sums whose rounding is the same from run to run.
         transport: None chooses automatically; see ``build_info()["transports"]``.
         segment_bytes: pipeline segment size; default ``RINGREDUCE_SEGMENT_BYTES`` or the engine's.
         root: the reducing rank of the central algorithm (group rank).

@@ -162,7 +162,7 @@ def test_debug_info_logs_the_choice_once_per_group_and_algorithm(capfd):
     lines = [line for line in err.splitlines() if "ringreduce INFO" in line]
     assert len(lines) == 6, err  # per rank: the transport, then each algorithm once
     assert sum("transport shm (CPU tensor, every rank on this host" in line for line in lines) == 2, err
-    assert sum("algorithm ring, transport shm" in line for line in lines) == 2, err
+    assert sum("algorithm auto, transport shm" in line for line in lines) == 2, err
     assert sum("algorithm central, transport shm" in line for line in lines) == 2, err
 
 
