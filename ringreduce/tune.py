@@ -36,8 +36,8 @@ def parse_args(argv=None):
     parser.add_argument("-b", "--minbytes", default=DEFAULT_SIZES[0])
     parser.add_argument("-e", "--maxbytes", default=DEFAULT_SIZES[1])
     parser.add_argument("-f", "--stepfactor", type=int, default=DEFAULT_SIZES[2])
-    parser.add_argument("--trials", type=int, default=options.DEFAULT_TRIALS)
-    parser.add_argument("--iters", type=int, default=0, help="calls per trial (0: about 0.5 s per row)")
+    parser.add_argument("--trials", type=options.at_least(1), default=options.DEFAULT_TRIALS)
+    parser.add_argument("--iters", type=options.at_least(0), default=0, help="calls per trial (0: about 0.5 s per row)")
     parser.add_argument("-o", "--output", default=None, help=f"where to write the table (default {tuning.default_path()})")
     return parser.parse_args(argv)
 

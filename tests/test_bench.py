@@ -90,3 +90,11 @@ def test_trials_interleave_in_a_rotating_order_and_give_each_rows_median_and_fas
     timed = made[4:]  # after each row's warm-up call and calibration call
     assert timed == [0] * 4 + [1] * 4 + [1] * 4 + [0] * 4 + [0] * 4 + [1] * 4 + [1] * 4 + [0] * 4 + [0] * 4 + [1] * 4
     assert clock.pauses == [timing.TCP_SETTLE_SECONDS] * 5  # after each trial of the TCP row only
+
+
+@pytest.mark.parametrize("argument", ["--trials=0", "--iters=-1", "--warmup=-2"])
+def test_counts_below_their_bound_are_refused_with_the_option_named(argument):
+    done = subprocess.run([sys.executable, "-m", "ringreduce.bench", argument], capture_output=True, text=True,
+                          timeout=BENCH_TIMEOUT_S)
+    option = argument.split("=")[0]
+    assert done.returncode == 2 and f"argument {option}: " in done.stderr and "is below" in done.stderr, done.stderr

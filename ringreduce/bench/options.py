@@ -55,6 +55,19 @@ def size_sweep(args) -> list:
     return [parse_size(s) for s in args.sizes.split(",") if s.strip()]
 
 
+def at_least(low: int):
+    """An argparse type: an integer of at least `low`, else an error that names the bound."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is below {low}")
+        return value
+
+    parse.__name__ = f"integer of at least {low}"  # what argparse calls the type in its message
+    return parse
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="python -m ringreduce.bench", description=DESCRIPTION)
     parser.add_argument("--world", type=int, default=2, help="local ranks to launch (ignored under torchrun)")
@@ -66,9 +79,11 @@ def parse_args(argv=None):
                         help="the collective to time (all but all_reduce: one algorithm each, CPU transports only)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     parser.add_argument("--op", choices=sorted(OPS), default="sum")
-    parser.add_argument("--iters", type=int, default=0, help="timed calls per row (0: about 0.5 s per row)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed calls before timing")
-    parser.add_argument("--trials", type=int, default=DEFAULT_TRIALS, help="timed trials per row (median reported)")
+    parser.add_argument("--iters", type=at_least(0), default=0,
+                        help="timed calls per row and trial (0: about 0.5 s per row in all)")
+    parser.add_argument("--warmup", type=at_least(0), default=3, help="untimed calls before timing")
+    parser.add_argument("--trials", type=at_least(1), default=DEFAULT_TRIALS,
+                        help="timed trials per row (the median and the fastest reported)")
     parser.add_argument("--check", type=int, choices=(0, 1), default=1, help="run the untimed correctness pass")
     parser.add_argument("--algorithms", default="ring,central,one_shot,auto",
                         help="all-reduce algorithms to time (one_shot: CPU rows only)")
