@@ -65,9 +65,10 @@ Algorithm choose_algorithm(const std::string& transport, int world, std::uint64_
 // central and 14 for one_shot. A call preempted for milliseconds does skew a mean; the second round
 // a switch needs (kAutoSwitchMargin) keeps that from moving the choice. Five below kAutoLargeBytes,
 // where a round of 15 calls takes at most tens of milliseconds; two above, where a call takes
-// milliseconds and each extra call of a slow candidate costs as much as hundreds of small ones. 4 MiB, not 256 KiB as first: with two calls each, the
-// 4-rank 256 KiB class chose one_shot at 3.5x ring's time in a bench run (2026-12-01), a call of
-// 0.1-0.4 ms on 4 ranks of 2 cores being as noisy as the small ones.
+// milliseconds and each extra call of a slow candidate costs as much as hundreds of small ones.
+// 4 MiB, not 256 KiB as first: with two calls each, the 4-rank 256 KiB class chose one_shot at
+// 3.5x ring's time in a bench run (2026-12-01), a call of 0.1-0.4 ms on 4 ranks of 2 cores being
+// as noisy as the small ones.
 constexpr int kAutoSmallTrialCalls = 5;
 constexpr int kAutoLargeTrialCalls = 2;
 constexpr std::uint64_t kAutoLargeBytes = 4 * 1024 * 1024;
