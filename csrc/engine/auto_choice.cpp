@@ -179,12 +179,11 @@ void AutoLearner::decide(std::uint64_t bytes) {
   const bool first = !size.decided;
   const bool faster = static_cast<double>(typical[best]) < static_cast<double>(typical[current]) * (1.0 - kAutoSwitchMargin);
   const AutoLogger log = auto_logger();
-  const bool confirmed = faster && size.challenger == static_cast<int>(best);
-  if (faster && !confirmed && ++size.rounds < kAutoMaxRounds) {
-    // The choice (the prior, or a measured one) gives way only to a candidate that wins two
-    // rounds in a row: one round can fall in a burst of the machine's noise, or in the first
-    // calls of a workload, which pay for caches and pages, and slow the candidates unevenly.
-    size.challenger = static_cast<int>(best);
+  if (faster && !size.beaten) {
+    // The choice (the prior, or a measured one) gives way only when it loses two rounds in a
+    // row: one round can fall in a burst of the machine's noise, or in the first calls of a
+    // workload, which pay for caches and pages, and slow the candidates unevenly.
+    size.beaten = true;
     start_round(size);  // exploring again, at once
     if (log) {
       log(detail::concat("auto on ", transport_, " with ", world_, " ranks, from ", class_floor(bytes), " B: ",
@@ -193,9 +192,8 @@ void AutoLearner::decide(std::uint64_t bytes) {
     }
     return;
   }
-  if (confirmed) size.chosen = kCandidates[best];
-  size.challenger = -1;
-  size.rounds = 0;
+  if (faster) size.chosen = kCandidates[best];  // lost twice in a row: this round's winner takes over
+  size.beaten = false;
   size.decided = true;
   size.exploring = false;
   size.since_decided = 0;

@@ -74,19 +74,19 @@ constexpr int kAutoLargeTrialCalls = 2;
 constexpr std::uint64_t kAutoLargeBytes = 4 * 1024 * 1024;
 // Calls of a size class between two explorations of it. A round costs at most
 // kAutoSmallTrialCalls * (candidates - 1) calls of the slower candidates: 10 of 2000 calls, about
-// 1% where the slower candidates take twice the time of the best (three times that in the rare
-// exploration whose winner keeps changing, kAutoMaxRounds).
+// 1% where the slower candidates take twice the time of the best (twice that in an exploration
+// that runs a second round, kAutoSwitchMargin).
 constexpr std::uint64_t kAutoRevisitEvery = 2000;
-// A candidate replaces the current choice only when it is this much faster, so measurement noise
-// does not flip the choice back and forth; and only when it wins a second round run at once, as a
-// burst of noise (seen here: every candidate at 4-10x its time, the order among them random) spans
-// one round far more often than two. The first exploration too: at 64 MiB its one round measured
-// ring at 27.7 ms and central at 26.3 (2 ranks), where the bench's rows then took 9.6 and 24.5.
+// The current choice gives way only to a candidate this much faster, so measurement noise does not
+// flip the choice back and forth; and only when it loses that way in a second round run at once,
+// as a burst of noise (seen here: every candidate at 4-10x its time, the order among them random)
+// spans one round far more often than two. The first exploration too: at 64 MiB its one round
+// measured ring at 27.7 ms and central at 26.3 (2 ranks), where the bench's rows then took 9.6 and
+// 24.5. The second round's winner takes over, whoever won the first: two candidates within a few
+// percent of each other and both well ahead of the choice (4 ranks on 2 cores, 64 KiB: ring 34 us,
+// central 32, the prior one_shot 47) could otherwise crown each other in turn, round after round,
+// and leave the choice where it was.
 constexpr double kAutoSwitchMargin = 0.05;
-// Rounds of one exploration at most, when each round crowns another candidate; then the choice
-// stays as it was until the next revisit. Three: a winner, a different one, and a third chance
-// for either to win twice.
-constexpr int kAutoMaxRounds = 3;
 // One-shot is tried in the size classes below this. It is the latency algorithm: one step instead
 // of 2(N-1), but every rank reduces the whole buffer and copies it once more; once a call takes
 // milliseconds the saved steps are worth nothing and it lost everywhere measured (from 1 MiB: 1.6-4.4x
@@ -119,8 +119,8 @@ class AutoLearner {
   bool record(std::uint64_t bytes, std::int64_t nanoseconds);
   Times& round_times(std::uint64_t bytes) { return size_class(bytes).times; }
   // Takes the candidate whose calls took least in the (group-wide) times; says so through
-  // the logger. A round whose winner would replace the choice starts another round instead, and
-  // the winner of two in a row takes over (at most kAutoMaxRounds per exploration).
+  // the logger. A round the choice loses (kAutoSwitchMargin) starts a second round instead, and
+  // when the choice loses that too, the second round's winner takes over.
   void decide(std::uint64_t bytes);
   // The choice of every decided size class, by the class's smallest size.
   std::vector<std::pair<std::uint64_t, Algorithm>> choices() const;
@@ -135,8 +135,7 @@ class AutoLearner {
     // for the pages and buffers it touches.
     int trial = 0;
     std::uint64_t since_decided = 0;  // calls since the last decision
-    int challenger = -1;               // the candidate that beat `chosen` in the last round, awaiting a second
-    int rounds = 0;                    // rounds of this exploration so far
+    bool beaten = false;               // `chosen` lost this exploration's first round
     Times times{};
   };
   static void start_round(SizeClass& size);
