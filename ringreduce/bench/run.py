@@ -212,7 +212,7 @@ def virtual_gpu_rows(args, world):
         tensor_sets = [[torch.zeros(numel, dtype=dtype, device="cuda") for _ in range(world)] for _ in rows]
         calls = [lambda a=row[1], ts=ts: local.all_reduce(ts, op, algorithm=a) for row, ts in zip(rows, tensor_sets)]
         times = timed_trials(calls, args, nothing, lambda t: t, lambda n: n, torch.cuda.synchronize,
-                               [row[2] for row in rows])
+                             [row[2] for row in rows])
         for (label, algorithm, setting), row_time in zip(rows, times):
             wrong = -1
             if args.check:
