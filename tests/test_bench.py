@@ -75,8 +75,8 @@ def test_trials_interleave_in_a_rotating_order_and_give_each_rows_median_and_fas
         def call():
             timed = [r for r in made if r == row]
             made.append(row)
-            warmup_and_calibration = 2
-            trial = (len(timed) - warmup_and_calibration) // 4 if len(timed) >= warmup_and_calibration else 0
+            warmup = 1  # no calibration calls: --iters is given
+            trial = (len(timed) - warmup) // 4 if len(timed) >= warmup else 0
             clock.now += durations[row][trial]
         return call
 
@@ -87,9 +87,35 @@ def test_trials_interleave_in_a_rotating_order_and_give_each_rows_median_and_fas
                                 settles=[False, True])
     assert [t._asdict() for t in times] == [{"median": pytest.approx(0.003), "fastest": pytest.approx(0.001)},
                                             {"median": pytest.approx(0.010), "fastest": pytest.approx(0.010)}]
-    timed = made[4:]  # after each row's warm-up call and calibration call
+    timed = made[2:]  # after each row's warm-up call
     assert timed == [0] * 4 + [1] * 4 + [1] * 4 + [0] * 4 + [0] * 4 + [1] * 4 + [1] * 4 + [0] * 4 + [0] * 4 + [1] * 4
     assert clock.pauses == [timing.TCP_SETTLE_SECONDS] * 5  # after each trial of the TCP row only
+
+
+@pytest.mark.parametrize("durations, calls_made, per_call", [
+    ([0.006] + [0.00003] * 2, 3, 0.00003),  # a first call stalled for 6 ms does not size the trials
+    ([0.001] * 7, 7, 0.001),                # blocks of 1, 2 and 4 calls: 7 ms in all
+])
+def test_trials_are_sized_from_blocks_of_calls_not_from_one_call(monkeypatch, durations, calls_made, per_call):
+    clock = FakeClock()
+    monkeypatch.setattr(timing, "time", clock)
+    made = []
+
+    def call():
+        clock.now += durations[len(made)]
+        made.append(1)
+
+    assert timing.seconds_per_call(call, timing.nothing, lambda t: t) == pytest.approx(per_call)
+    assert len(made) == calls_made
+
+    class Args:
+        iters, warmup, trials = 0, 0, 1
+
+    made.clear()
+    durations = [0.006] + [0.00003] * 10_000
+    timing.timed_trials([call], Args, timing.nothing, lambda t: t, lambda n: n)
+    budget_calls = int(timing.TARGET_SECONDS_PER_ROW / 0.00003)
+    assert len(made) == 3 + min(timing.MAX_ITERS, budget_calls)
 
 
 @pytest.mark.parametrize("argument", ["--trials=0", "--iters=-1", "--warmup=-2"])

@@ -1,6 +1,7 @@
 """Timing rows side by side: warm-up, many short interleaved trials, their median and their fastest."""
 
 import contextlib
+import math
 import time
 from typing import NamedTuple
 
@@ -9,6 +10,15 @@ from typing import NamedTuple
 # enough that the default sweep stays under two minutes.
 TARGET_SECONDS_PER_ROW = 0.5
 MIN_ITERS, MAX_ITERS = 1, 2000
+# With --iters 0 the calls per trial come from blocks of 1, 2, 4, ... calls timed before the trials,
+# until at least PROBE_MIN_BLOCKS blocks have taken PROBE_SECONDS in all; the block with the least
+# time per call counts. One call was no guide: on 4 ranks of 2 cores a 4 KiB call of about 30 us
+# took up to 6 ms whenever a rank was descheduled, trials sized from it held 4-57 calls instead of
+# about 800, and each trial then counted the ranks' staggered exits from the barrier before it (auto's
+# row came out 3.7x the row of the algorithm it ran, 2026-12-02). 5 ms is a few scheduler
+# time slices; at 64 MiB (30 ms a call) the two blocks cost three calls instead of one.
+PROBE_SECONDS = 0.005
+PROBE_MIN_BLOCKS = 2
 # Pause after each trial of a row whose traffic goes over TCP (gloo, and ringreduce's pg transport).
 # gloo's traffic leaves work behind in the kernel (TCP on loopback) for tens of milliseconds: 4 KiB
 # shm calls timed right after 200 gloo calls took 10 us instead of 3 us, and 2.7 us again after a
@@ -24,11 +34,25 @@ class RowTime(NamedTuple):
 
 
 def iterations_for(one_call_seconds: float, args) -> int:
-    """Calls per trial: --iters, or enough to fill the row's time budget split over the trials."""
-    if args.iters > 0:
-        return args.iters
+    """Calls per trial that fill the row's time budget split over the trials."""
     budget = TARGET_SECONDS_PER_ROW / args.trials
     return max(MIN_ITERS, min(MAX_ITERS, int(budget / max(one_call_seconds, 1e-7))))
+
+
+def seconds_per_call(call, sync, slowest) -> float:
+    """The group's time per call of `call` (PROBE_SECONDS); every rank makes the same calls, as
+    `slowest` gives every rank the same times."""
+    fastest, spent, calls, blocks = math.inf, 0.0, 1, 0
+    while True:
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        sync()
+        took = slowest([time.perf_counter() - start])[0]
+        fastest, spent, blocks = min(fastest, took / calls), spent + took, blocks + 1
+        if (blocks >= PROBE_MIN_BLOCKS and spent >= PROBE_SECONDS) or calls >= MAX_ITERS:
+            return fastest
+        calls *= 2
 
 
 def nothing():
@@ -57,10 +81,7 @@ def timed_trials(calls, args, barrier, slowest, agree, sync=nothing, settings=No
                 call()
             sync()
             barrier()
-            start = time.perf_counter()
-            call()
-            sync()
-        iters.append(agree(iterations_for(slowest([time.perf_counter() - start])[0], args)))
+            iters.append(args.iters or agree(iterations_for(seconds_per_call(call, sync, slowest), args)))
     samples = [[] for _ in calls]
     rows = list(zip(calls, settings, settles, iters, samples))
     for trial in range(args.trials):
