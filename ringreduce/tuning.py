@@ -1,8 +1,8 @@
 """What algorithm="auto" runs: learned online, unless a table says otherwise.
 
 With no table, each communicator on host memory learns on the machine it runs on: the first calls
-of each size class try ring, central and one-shot, the group's slowest times decide, and one
-exploration in 2000 calls looks again (engine/auto_choice.h). Before that, and on devices, theory's prior runs:
+of each size class try ring, central and one-shot, the group's slowest times decide, and an
+exploration after 100 rounds' worth of calls looks again (engine/auto_choice.h). Before that, and on devices, theory's prior runs:
 one-shot up to 64 KiB on host memory, ring above and on devices.
 
 A table fixes the choice on the transports it has lines for. It is a small JSON file::

@@ -132,27 +132,35 @@ def test_an_unknown_algorithm_names_the_choices():
 
 
 LEARNED_LINE = re.compile(r"auto on (\w+) with (\d+) ranks, (\d+)-(\d+) B: tried ring ([\d.]+) us, central ([\d.]+) us"
-                          r"(?:, one_shot ([\d.]+) us)? \(the slowest rank's mean of (\d) calls each\): (\w+)")
+                          r"(?:, one_shot ([\d.]+) us)? \(the slowest rank's mean of (\d+) calls each\): (\w+)")
 # A size class explores its first calls: an untimed call of each candidate (ring, central, and
-# one_shot below 1 MiB), then a round of 5 timed calls of each below 4 MiB and 2 above, then the
-# times are exchanged; a round the choice loses is followed by one more (engine/auto_choice.h).
-MAX_ROUNDS = 2
+# one_shot below 1 MiB), then rounds of timed calls, each candidate's in a row, each round ended by
+# the exchange of its times. The first round has 5 calls of each below 4 MiB and 2 above; a round whose
+# fastest candidate took under 5 ms sizes the next for 10 ms, up to 1000 calls of each; a round the
+# choice loses is followed by one more (engine/auto_choice.h).
+FIRST_ROUND_CALLS = 5
+ROUND_SECONDS = 0.010
+MAX_ROUND_CALLS = 1000
 
 
 def candidates(nbytes):
     return 3 if nbytes < (1 << 20) else 2
 
 
-def round_calls(nbytes):
-    return candidates(nbytes) * (5 if nbytes < (4 << 20) else 2)
-
-
-def first_exploration_calls(nbytes):
-    return candidates(nbytes) + round_calls(nbytes)
-
-
 def most_exploring_calls(nbytes):
-    return first_exploration_calls(nbytes) + (MAX_ROUNDS - 1) * round_calls(nbytes)
+    """A bound: the untimed calls, short rounds growing to the longest, and a second longest."""
+    short_rounds = sum(range(FIRST_ROUND_CALLS, MAX_ROUND_CALLS))
+    return candidates(nbytes) * (1 + short_rounds + 2 * MAX_ROUND_CALLS)
+
+
+def until_decided(decided, call, bound):
+    """Calls call(i) until decided() (at most `bound` calls); the number of calls."""
+    made = 0
+    while not decided():
+        assert made < bound, "auto did not decide"
+        call(made)
+        made += 1
+    return made
 
 
 # The environment of processes that must find no table (and learn).
@@ -191,6 +199,14 @@ def learning(monkeypatch, capsys):
     tuning.load()
 
 
+def assert_judged_on_a_long_round(line):
+    """The round that decided gave its fastest candidate at least 5 ms of calls (half the 10 ms it
+    was sized for), or the most calls."""
+    means = [float(t) for t in line[4:7] if t is not None]
+    calls = int(line[7])
+    assert min(means) * calls >= ROUND_SECONDS / 2 * 1e6 * 0.99 or calls == MAX_ROUND_CALLS, line
+
+
 def assert_the_fastest_won(line, retried):
     """Another candidate replaces the prior (one_shot up to 64 KiB, else ring) only after the prior
     lost two rounds, the last of them the logged one, whose fastest takes over; the prior stays when
@@ -211,47 +227,60 @@ def assert_the_fastest_won(line, retried):
 def test_learning_tries_every_candidate_and_keeps_the_fastest_with_exact_results_throughout(world, learning):
     local = ringreduce.LocalWorld(world)
     numel = 3000  # 12000 B of float32: one size class
-    for call in range(most_exploring_calls(4 * numel) + 3):
+
+    def exact_call(call):
         tensors = counted_inputs(world, numel, call)
         local.all_reduce(tensors, algorithm="auto")
         assert_bitwise_equal(tensors, counted_sum(world, numel, call), f"call {call}")
+
+    def decided():
+        return all(8192 in c.auto_choices() for c in local._communicators)
+
+    made = until_decided(decided, exact_call, most_exploring_calls(4 * numel))
+    for call in range(made, made + 3):
+        exact_call(call)
     said = learning()
     lines = learned_lines(said)
     assert len(lines) == 1, lines  # one decision, said once: every rank reached the same
-    assert lines[0][:4] == ("local", str(world), "8192", "16383") and lines[0][7] == "5"
+    assert lines[0][:4] == ("local", str(world), "8192", "16383")
+    assert_judged_on_a_long_round(lines[0])
     assert_the_fastest_won(lines[0], retried_classes(said))
 
 
 def test_the_trace_marks_the_exploring_calls_and_the_exchange(tmp_path, monkeypatch, learning):
     monkeypatch.setenv("RINGREDUCE_TRACE", str(tmp_path))
     local = ringreduce.LocalWorld(2)
-    extra = 4
-    calls = most_exploring_calls(4 * 3000) + extra
-    for call in range(calls):
-        local.all_reduce(counted_inputs(2, 3000, call), algorithm="auto")
+    numel, extra = 3000, 4
+    made = until_decided(lambda: 8192 in local._communicators[0].auto_choices(),
+                         lambda call: local.all_reduce(counted_inputs(2, numel, call), algorithm="auto"),
+                         most_exploring_calls(4 * numel))
+    for call in range(made, made + extra):
+        local.all_reduce(counted_inputs(2, numel, call), algorithm="auto")
     ringreduce.destroy()
     del local
     gc.collect()  # the communicators go, and write their files
     files = sorted(tmp_path.glob("ringreduce-local-rank*of2-*.json"))
     assert len(files) == 2, files
-    a_round = ["ring"] * 5 + ["central"] * 5 + ["one_shot"] * 5
+    candidates = ["ring", "central", "one_shot"]
     for f in files:
         collectives = [e for e in json.loads(f.read_text())["traceEvents"] if e.get("cat") == "collective"]
         roles = [e["args"].get("auto") for e in collectives]
         tried = [e["args"]["algorithm"] for e in collectives]
-        # The warm-up calls and a first round, then (when the choice lost it) a second, each ended
-        # by the exchange of its times; then the choice, unexplored.
-        assert tried[:18] == ["ring", "central", "one_shot"] + a_round, tried
-        rounds = roles.count("exchange")
-        exploring = 3 + rounds * len(a_round)
-        expected_roles = ["explore"] * 3
-        for _ in range(rounds):
-            expected_roles += ["explore"] * len(a_round) + ["exchange"]
-        assert 1 <= rounds <= 2 and roles == expected_roles + [None] * (calls + rounds - len(expected_roles)), roles
-        explored = [t for t, role in zip(tried, roles) if role == "explore"]
-        assert explored == ["ring", "central", "one_shot"] + a_round * rounds, explored
-        chosen = {e["args"]["algorithm"] for e in collectives[exploring + rounds:]}
-        assert len(chosen) == 1, chosen
+        # The warm-up calls, then rounds of each candidate's calls in a row, each round ended by the
+        # exchange of its times; the first of 5 calls each, the later ones longer; then the choice,
+        # unexplored.
+        assert tried[:3] == candidates and roles[:3] == ["explore"] * 3, (tried, roles)
+        rounds, at = [], 3
+        while roles[at] == "explore":
+            end = roles.index("exchange", at)
+            calls = (end - at) // len(candidates)
+            assert all(role == "explore" for role in roles[at:end]) and end - at == calls * len(candidates)
+            assert tried[at:end] == [a for a in candidates for _ in range(calls)], tried[at:end]
+            rounds.append(calls)
+            at = end + 1
+        assert rounds[0] == FIRST_ROUND_CALLS and rounds == sorted(rounds), rounds
+        assert roles[at:] == [None] * extra and len(set(tried[at:])) == 1, (roles[at:], tried[at:])
+        assert len(collectives) == made + extra + len(rounds)  # every call, and one exchange per round
 
 
 def _learn(rank, world, transport):
@@ -261,12 +290,21 @@ def _learn(rank, world, transport):
 
     sys.stderr = captured = io.StringIO()
     _C.set_auto_logging(True)  # ringreduce was imported before the harness set RINGREDUCE_DEBUG
-    for numel in (1000, 1_100_000):  # 4000 B and 4.4 MB: 5 timed calls of each of 3 candidates, and 2 of 2
-        for call in range(most_exploring_calls(4 * numel) + 2):
-            tensor = counted_inputs(world, numel, call)[rank]
-            ringreduce.all_reduce(tensor, algorithm="auto", transport=transport)
-            assert torch.equal(tensor, counted_sum(world, numel, call)), (numel, call)
-    choices = ringreduce._groups.communicator(None, tensor, transport, "auto").auto_choices()
+    communicator = ringreduce._groups.communicator(None, torch.ones(1), transport, "auto")
+
+    def exact_call(numel, call):
+        tensor = counted_inputs(world, numel, call)[rank]
+        ringreduce.all_reduce(tensor, algorithm="auto", transport=transport)
+        assert torch.equal(tensor, counted_sum(world, numel, call)), (numel, call)
+
+    for numel in (1000, 1_100_000):  # 4000 B and 4.4 MB: rounds of 3 candidates, and of 2
+        floor = 1 << (4 * numel).bit_length() - 1
+        # Every rank holds the same choices after the same call, so every rank makes the same calls.
+        made = until_decided(lambda: floor in communicator.auto_choices(), lambda call: exact_call(numel, call),
+                             most_exploring_calls(4 * numel))
+        for call in range(made, made + 2):
+            exact_call(numel, call)
+    choices = communicator.auto_choices()
     return learned_lines(captured.getvalue()), sorted(retried_classes(captured.getvalue())), choices
 
 
@@ -281,6 +319,7 @@ def test_every_process_decides_on_the_same_slowest_rank_times(world, transport):
     assert [line[6] is not None for line in lines] == [True, False], lines  # one_shot tried below 1 MiB only
     for line in lines:
         assert line[0] == transport and line[1] == str(world)
+        assert_judged_on_a_long_round(line)
         assert_the_fastest_won(line, set(retried))
 
 
@@ -309,12 +348,21 @@ def _calls(learner, nbytes, count, times):
     return made
 
 
+# The probes' times (ns) are the logged microseconds as milliseconds where a test is about the
+# judging of rounds, not their length: five calls of each then make a round long enough to judge.
+US_AS_MS = 1000
+
+
+def as_ms(times):
+    return {algorithm: t * US_AS_MS for algorithm, t in times.items()}
+
+
 def test_a_measured_choice_gives_way_only_when_it_loses_twice_in_a_row():
     learner = _C.AutoLearnerProbe("shm", 2, True)
     nbytes, rounds = 4096, 3 * 5  # three candidates, five timed calls each
-    quiet = {"ring": 4500, "central": 4300, "one_shot": 2700}
-    burst = {"ring": 20800, "central": 20900, "one_shot": 25600}  # one round of a noisy spell, as logged here
-    loaded = {"ring": 4500, "central": 4300, "one_shot": 9000}  # a lasting change
+    quiet = as_ms({"ring": 4500, "central": 4300, "one_shot": 2700})
+    burst = as_ms({"ring": 20800, "central": 20900, "one_shot": 25600})  # one round of a noisy spell, as logged here
+    loaded = as_ms({"ring": 4500, "central": 4300, "one_shot": 9000})  # a lasting change
     assert all(exploring for _, exploring in _calls(learner, nbytes, 3 + rounds, quiet))
     assert _calls(learner, nbytes, 1, quiet) == [("one_shot", False)]
     revisit = 2000  # kAutoRevisitEvery: the 2000th call after a decision explores again
@@ -349,17 +397,37 @@ def test_two_near_equal_challengers_do_not_keep_a_choice_that_loses_to_both():
     """4 ranks on 2 cores, 64 KiB (slowest rank's means): ring and central within 7% of each other,
     the prior one_shot 40% behind both. Whichever wins the second round takes over."""
     nbytes, a_round = 64 << 10, 3 * 5  # prior one_shot
-    central_ahead = {"ring": 34_000, "central": 32_000, "one_shot": 47_000}
-    ring_ahead = {"ring": 31_000, "central": 33_000, "one_shot": 47_000}
+    central_ahead = as_ms({"ring": 34_000, "central": 32_000, "one_shot": 47_000})
+    ring_ahead = as_ms({"ring": 31_000, "central": 33_000, "one_shot": 47_000})
     learner = _C.AutoLearnerProbe("shm", 4, True)
     assert all(exploring for _, exploring in _calls(learner, nbytes, 3 + a_round, central_ahead))
     assert all(exploring for _, exploring in _calls(learner, nbytes, a_round, ring_ahead))
     assert _calls(learner, nbytes, 1, ring_ahead) == [("ring", False)]
 
 
+@pytest.mark.parametrize("world, nbytes, times, next_calls", [
+    # 4 ranks on 2 cores, 64 KiB: 5 calls of one_shot take 125 us; 400 of them take 10 ms.
+    (4, 64 << 10, {"ring": 34_000, "central": 32_000, "one_shot": 25_000}, 400),
+    # 2 ranks, 4 KiB: 10 ms would be 3704 calls of 2.7 us; 1000 is the most.
+    (2, 4096, {"ring": 4_500, "central": 4_300, "one_shot": 2_700}, 1000),
+])
+def test_a_round_too_short_to_judge_sizes_the_next_and_the_revisits(world, nbytes, times, next_calls):
+    learner = _C.AutoLearnerProbe("shm", world, True)
+    candidates = ["ring", "central", "one_shot"]
+    first = _calls(learner, nbytes, 3 + 3 * 5, times)
+    assert first == [(a, True) for a in candidates] + [(a, True) for a in candidates for _ in range(5)], first
+    longer = _calls(learner, nbytes, 3 * next_calls, times)
+    assert longer == [(a, True) for a in candidates for _ in range(next_calls)], "not a round of the sized length"
+    assert _calls(learner, nbytes, 1, times) == [("one_shot", False)]
+    # Explorations come at most every 100 rounds' worth of calls (about 1% of the calls).
+    revisit = 100 * 3 * next_calls
+    assert not any(exploring for _, exploring in _calls(learner, nbytes, revisit - 2, times))
+    assert _calls(learner, nbytes, 1, times) == [("ring", True)]
+
+
 def test_one_shot_is_tried_below_1_mib_only():
     learner = _C.AutoLearnerProbe("shm", 2, True)
-    one_shot_fastest = {"ring": 900_000, "central": 950_000, "one_shot": 100_000}
+    one_shot_fastest = as_ms({"ring": 9_000, "central": 9_500, "one_shot": 1_000})
     below = _calls(learner, (1 << 20) - 1, 3 + 3 * 5, one_shot_fastest)
     assert {algorithm for algorithm, _ in below} == {"ring", "central", "one_shot"}
     above = _calls(learner, 1 << 20, 2 + 2 * 5 + 1, one_shot_fastest)
@@ -381,7 +449,7 @@ def test_the_slowest_ranks_mean_decides_not_the_median_call():
         algorithm, exploring = learner.pick(nbytes)
         if exploring:
             done = [a for a, e in made if e and a == algorithm]
-            learner.time(nbytes, times[algorithm][(len(done) - 1) % 5] if done else 0)
+            learner.time(nbytes, times[algorithm][(len(done) - 1) % 5] * US_AS_MS if done else 0)
         made.append((algorithm, exploring))
-    assert sum(exploring for _, exploring in made) == 3 + 3 * 5, "one_shot's mean (14.3 us) lost a round"
+    assert sum(exploring for _, exploring in made) == 3 + 3 * 5, "one_shot's mean (14.3 ms) lost a round"
     assert made[-1] == ("one_shot", False), made[-1]

@@ -134,7 +134,7 @@ AutoLearner::SizeClass& AutoLearner::size_class(std::uint64_t bytes) {
   return classes_[static_cast<std::size_t>(std::bit_width(bytes))];
 }
 
-int AutoLearner::trial_calls(std::uint64_t bytes) {
+int AutoLearner::first_round_calls(std::uint64_t bytes) {
   // By the class's smallest size, so that every call of a class explores alike.
   return class_floor(bytes) < kAutoLargeBytes ? kAutoSmallTrialCalls : kAutoLargeTrialCalls;
 }
@@ -150,35 +150,51 @@ AutoLearner::Pick AutoLearner::pick(std::uint64_t bytes) {
   if (!size.decided && !size.exploring) {
     size.chosen = prior_algorithm(bytes, host_memory_);
     size.exploring = true;  // the class's first call
+    size.calls = first_round_calls(bytes);
     size.trial = -count;
-  } else if (!size.exploring && ++size.since_decided >= kAutoRevisitEvery) {
+  } else if (!size.exploring &&
+             ++size.since_decided >=
+                 std::max(kAutoRevisitEvery, kAutoRevisitShare * static_cast<std::uint64_t>(size.calls * count))) {
     size.exploring = true;  // look again: the machine's load or placement may have changed
     start_round(size);
   }
   if (!size.exploring) return {size.chosen, false};
-  const int candidate = size.trial < 0 ? size.trial + count : size.trial / trial_calls(bytes);
+  const int candidate = size.trial < 0 ? size.trial + count : size.trial / size.calls;
   return {kCandidates[static_cast<std::size_t>(candidate)], true};
 }
 
 bool AutoLearner::record(std::uint64_t bytes, std::int64_t nanoseconds) {
   SizeClass& size = size_class(bytes);
-  if (size.trial >= 0) size.times[static_cast<std::size_t>(size.trial / trial_calls(bytes))] += nanoseconds;
-  return ++size.trial == static_cast<int>(candidate_count(bytes)) * trial_calls(bytes);
+  if (size.trial >= 0) size.times[static_cast<std::size_t>(size.trial / size.calls)] += nanoseconds;
+  return ++size.trial == static_cast<int>(candidate_count(bytes)) * size.calls;
 }
 
 void AutoLearner::decide(std::uint64_t bytes) {
   SizeClass& size = size_class(bytes);
   const std::size_t count = candidate_count(bytes);
-  const int calls = trial_calls(bytes);
+  const int calls = size.calls;
   std::vector<std::int64_t> typical(count);  // each candidate's mean call on the slowest rank
   for (std::size_t i = 0; i < count; ++i) typical[i] = size.times[i] / calls;
   const std::size_t best = static_cast<std::size_t>(std::min_element(typical.begin(), typical.end()) - typical.begin());
+  const std::int64_t shortest = std::max<std::int64_t>(size.times[best], 1);  // the best candidate's calls, in all
+  const AutoLogger log = auto_logger();
+  if (shortest < kAutoRoundNanoseconds / 2 && calls < kAutoMaxRoundCalls) {
+    // Too short to judge: the next round gives the best candidate about kAutoRoundNanoseconds.
+    const std::int64_t wanted = (kAutoRoundNanoseconds * calls + shortest - 1) / shortest;
+    size.calls = static_cast<int>(std::clamp<std::int64_t>(wanted, calls + 1, kAutoMaxRoundCalls));
+    start_round(size);
+    if (log) {
+      log(detail::concat("auto on ", transport_, " with ", world_, " ranks, from ", class_floor(bytes), " B: ", calls,
+                         " calls of each candidate took ", (shortest + 500) / 1000, " us at the fastest, too few to "
+                         "judge; trying ", size.calls, " of each"));
+    }
+    return;
+  }
   const std::size_t current =
       static_cast<std::size_t>(std::find(kCandidates.begin(), kCandidates.end(), size.chosen) - kCandidates.begin());
   const Algorithm before = size.chosen;
   const bool first = !size.decided;
   const bool faster = static_cast<double>(typical[best]) < static_cast<double>(typical[current]) * (1.0 - kAutoSwitchMargin);
-  const AutoLogger log = auto_logger();
   if (faster && !size.beaten) {
     // The choice (the prior, or a measured one) gives way only when it loses two rounds in a
     // row: one round can fall in a burst of the machine's noise, or in the first calls of a

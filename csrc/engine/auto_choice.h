@@ -57,26 +57,37 @@ bool table_covers(const std::string& transport);
 // wins, and ring where none does. One-shot gives way to ring on a device.
 Algorithm choose_algorithm(const std::string& transport, int world, std::uint64_t bytes, bool host_memory);
 
-// Timed calls of each candidate per exploration, one after another (the way a training loop
-// calls), judged by the slowest rank's mean: what a loop of such calls takes. Not the median of
-// the calls: beside a busy process (2 ranks, 4 KiB, 2026-12-02) one_shot's calls had a median of
-// 22 us against ring's 20, yet a mean of 17 against 21 (many calls fast, the rest waiting for a
-// descheduled peer), and the median of 5 calls chose central where the bench's rows took 47 us for
-// central and 14 for one_shot. A call preempted for milliseconds does skew a mean; the second round
-// a switch needs (kAutoSwitchMargin) keeps that from moving the choice. Five below kAutoLargeBytes,
-// where a round of 15 calls takes at most tens of milliseconds; two above, where a call takes
-// milliseconds and each extra call of a slow candidate costs as much as hundreds of small ones.
-// 4 MiB, not 256 KiB as first: with two calls each, the 4-rank 256 KiB class chose one_shot at
-// 3.5x ring's time in a bench run (2026-12-01), a call of 0.1-0.4 ms on 4 ranks of 2 cores being
-// as noisy as the small ones.
+// Timed calls of each candidate in a class's first round, one candidate's calls after another (the
+// way a training loop calls; taking turns call by call, 4 ranks on 2 cores at 64 KiB measured all
+// three at 74-79 us where their rows in the bench took 30, 46 and 62 us, each call paying for the
+// state the other algorithm left). They are judged by the slowest rank's mean: what a loop of such
+// calls takes. Not the median of the calls: beside a busy process (2 ranks, 4 KiB, 2026-12-02)
+// one_shot's calls had a median of 22 us against ring's 20, yet a mean of 17 against 21 (many calls
+// fast, the rest waiting for a descheduled peer), and the median of 5 calls chose central where the
+// bench's rows took 47 us for central and 14 for one_shot. Five below kAutoLargeBytes, two above,
+// where a call takes milliseconds and each extra call of a slow candidate costs as much as hundreds
+// of small ones; a round that short only sizes the next one (kAutoRoundNanoseconds) unless it
+// already took that long.
 constexpr int kAutoSmallTrialCalls = 5;
 constexpr int kAutoLargeTrialCalls = 2;
 constexpr std::uint64_t kAutoLargeBytes = 4 * 1024 * 1024;
-// Calls of a size class between two explorations of it. A round costs at most
-// kAutoSmallTrialCalls * (candidates - 1) calls of the slower candidates: 10 of 2000 calls, about
-// 1% where the slower candidates take twice the time of the best (twice that in an exploration
-// that runs a second round, kAutoSwitchMargin).
+// A round judges only when the fastest candidate's calls in it took at least half this long on the
+// slowest rank (a round sized for it may come out a little short); a shorter one sets the calls of
+// the next, so that they take this long. Five 4 KiB calls on 4 ranks of 2 cores take about 125 us,
+// while a rank whose core runs a peer waits up to a scheduler time slice (milliseconds): rounds that
+// short crowned whichever candidate the stalls happened to miss (bench, 2026-12-02: ring at 64 KiB
+// at 1.4x central's time, central at 4 MiB at 1.2x ring's). 10 ms spans a few time slices, and
+// costs a small class about 30-60 ms of calls per exploration, at its first calls and at each
+// revisit (kAutoRevisitShare).
+constexpr std::int64_t kAutoRoundNanoseconds = 10'000'000;
+// At most this many timed calls of each candidate in a round: 2 ranks on shm at 4 KiB take 2-3 us
+// a call, and 1000 of them (2-3 ms) already spread over many wake-ups of the other rank.
+constexpr int kAutoMaxRoundCalls = 1000;
+// Calls of a size class between two explorations of it: at least kAutoRevisitEvery, and at least
+// kAutoRevisitShare times a round's calls, so that exploring takes about 1% of the class's calls
+// (2% where the slower candidates take twice the best one's time, 4% with a second round).
 constexpr std::uint64_t kAutoRevisitEvery = 2000;
+constexpr std::uint64_t kAutoRevisitShare = 100;
 // The current choice gives way only to a candidate this much faster, so measurement noise does not
 // flip the choice back and forth; and only when it loses that way in a second round run at once,
 // as a burst of noise (seen here: every candidate at 4-10x its time, the order among them random)
@@ -119,8 +130,9 @@ class AutoLearner {
   bool record(std::uint64_t bytes, std::int64_t nanoseconds);
   Times& round_times(std::uint64_t bytes) { return size_class(bytes).times; }
   // Takes the candidate whose calls took least in the (group-wide) times; says so through
-  // the logger. A round the choice loses (kAutoSwitchMargin) starts a second round instead, and
-  // when the choice loses that too, the second round's winner takes over.
+  // the logger. A round too short to judge (kAutoRoundNanoseconds) starts a longer one; a round the
+  // choice loses (kAutoSwitchMargin) starts a second round instead, and when the choice loses that
+  // too, the second round's winner takes over.
   void decide(std::uint64_t bytes);
   // The choice of every decided size class, by the class's smallest size.
   std::vector<std::pair<std::uint64_t, Algorithm>> choices() const;
@@ -130,17 +142,18 @@ class AutoLearner {
     Algorithm chosen = Algorithm::Ring;
     bool decided = false;
     bool exploring = false;
-    // The exploring call next picked: from 0, each candidate's timed calls in a row; the class's
-    // first exploration starts with an untimed call of each from -candidates, as a first call pays
-    // for the pages and buffers it touches.
+    // The exploring call next picked: from 0, each candidate's `calls` timed calls in a row; the
+    // class's first exploration starts with an untimed call of each from -candidates, as a first
+    // call pays for the pages and buffers it touches.
     int trial = 0;
+    int calls = 0;  // timed calls of each candidate in a round
     std::uint64_t since_decided = 0;  // calls since the last decision
     bool beaten = false;               // `chosen` lost this exploration's first round
     Times times{};
   };
   static void start_round(SizeClass& size);
   SizeClass& size_class(std::uint64_t bytes);
-  static int trial_calls(std::uint64_t bytes);
+  static int first_round_calls(std::uint64_t bytes);
   std::size_t candidate_count(std::uint64_t bytes) const;  // the first this many of kCandidates
 
   std::string transport_;

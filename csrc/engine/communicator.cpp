@@ -95,13 +95,15 @@ void Communicator::run(const CollectiveArgs& args) {
   if (learner_->record(bytes, took.count())) share_auto_times(bytes);
 }
 
-AutoLearner::Pick Communicator::resolve_auto(std::uint64_t bytes) {
-  const bool host_memory = stream_ == nullptr;
+bool Communicator::auto_learns(std::uint64_t bytes) const {
   // A table the user gave wins where it has lines. A device's calls return before its work is
   // done, so the host cannot time them: there the prior stands.
-  if (size() == 1 || bytes == 0 || !host_memory || table_covers(transport_name())) {
-    return {choose_algorithm(transport_name(), size(), bytes, host_memory), false};
-  }
+  return size() > 1 && bytes > 0 && stream_ == nullptr && !table_covers(transport_name());
+}
+
+AutoLearner::Pick Communicator::resolve_auto(std::uint64_t bytes) {
+  const bool host_memory = stream_ == nullptr;
+  if (!auto_learns(bytes)) return {choose_algorithm(transport_name(), size(), bytes, host_memory), false};
   if (!learner_) learner_ = std::make_unique<AutoLearner>(transport_name(), size(), host_memory);
   return learner_->pick(bytes);
 }

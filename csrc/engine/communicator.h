@@ -75,6 +75,9 @@ class Communicator {
   // What auto runs now in each size class it has decided, by the class's smallest size (empty
   // where it does not learn). Call it from a job of executor(), as the collectives change it.
   std::vector<std::pair<std::uint64_t, Algorithm>> auto_choices() const;
+  // Whether auto learns the algorithm of an all-reduce of `bytes` here: on host memory, with 2 ranks
+  // or more, where no table covers the transport. Elsewhere the table or the prior decides.
+  bool auto_learns(std::uint64_t bytes) const;
 
  private:
   // The algorithm an Auto all-reduce of `bytes` runs, and whether the learner is trying it.

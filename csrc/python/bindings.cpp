@@ -224,6 +224,9 @@ PYBIND11_MODULE(_C, m) {
             return named;
           },
           "what algorithm='auto' runs now in each size class it has learned: {smallest size in bytes: algorithm}")
+      .def("auto_learns", &Communicator::auto_learns, py::arg("bytes"),
+           "whether algorithm='auto' learns the algorithm of an all-reduce of `bytes` here (else a table or the prior "
+           "decides)")
       .def("all_reduce", &all_reduce, py::arg("tensor"), py::arg("op"), py::arg("algorithm"), py::arg("segment_bytes"),
            py::arg("root"), py::arg("async_op"))
       .def("reduce_scatter", &reduce_scatter, py::arg("output"), py::arg("input"), py::arg("op"),

@@ -28,7 +28,7 @@ from ringreduce import _groups
 from ringreduce.bench import peers, report
 from ringreduce.bench.inputs import bench_inputs, collective_buffers, collective_expected, expected_result
 from ringreduce.bench.options import DTYPES, HOST_ONLY_ALGORITHMS, NATIVE_ALGORITHM, OPS, parse_args, size_sweep
-from ringreduce.bench.timing import nothing, timed_trials
+from ringreduce.bench.timing import always, nothing, timed_trials
 
 R = dist.ReduceOp
 
@@ -117,6 +117,19 @@ def auto_ran(transport, device, nbytes):
     return comm.auto_choices().get(1 << (nbytes.bit_length() - 1))
 
 
+def is_auto_row(row, args) -> bool:
+    """Whether a row (impl, algorithm, ...) is ringreduce's all-reduce with algorithm="auto"."""
+    return row[0] == "ringreduce" and row[1] == "auto" and args.collective == "all_reduce"
+
+
+def auto_decided(transport, device, nbytes):
+    """Whether auto's row is ready to time: its first exploration of `nbytes`'s size class is over,
+    or it does not learn there. Like NCCL's tuning and the warm-up calls, the learning precedes the
+    timed calls; what it costs is measured apart (benchmarks/RESULTS.md)."""
+    comm = _groups.communicator(None, torch.empty(0, device=device), transport, "auto")
+    return not comm.auto_learns(nbytes) or auto_ran(transport, device, nbytes) is not None
+
+
 def gpus_for_processes(args, world) -> bool:
     """Whether every rank can have a GPU of its own (then the NCCL rows run across processes)."""
     return args.gpu != "off" and torch.cuda.is_available() and torch.cuda.device_count() >= world
@@ -183,15 +196,17 @@ def run_sweep(args, rank, world):
         numel = numel_for(args.collective, size, dtype, world)
         buffers = [collective_buffers(args.collective, rank, world, numel, dtype, op, row[3]) for row in rows]
         calls = [lambda fn=row[4], b=b: fn(b[0], b[1], op) for row, b in zip(rows, buffers)]
-        times = timed_trials(calls, args, dist.barrier, _slowest, _agree, sync, [row[5] for row in rows],
-                             [row[2] in TCP_TRANSPORTS for row in rows])
         nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        ready = [functools.partial(auto_decided, row[2], row[3], nbytes) if is_auto_row(row, args) else always
+                 for row in rows]
+        times = timed_trials(calls, args, dist.barrier, _slowest, _agree, sync, [row[5] for row in rows],
+                             [row[2] in TCP_TRANSPORTS for row in rows], ready)
         for (impl, algorithm, transport, device, fn, setting), row_time in zip(rows, times):
             with setting():
                 wrong = count_wrong(fn, args.collective, rank, world, numel, dtype, op, device) if args.check else -1
             records.append(report.record(impl, algorithm, transport, world, args.dtype, args.op, nbytes, numel,
                                          row_time, wrong, args.collective))
-            if impl == "ringreduce" and algorithm == "auto":
+            if is_auto_row((impl, algorithm), args):
                 records[-1]["auto_ran"] = auto_ran(transport, device, nbytes)
     progress.done()
     return records

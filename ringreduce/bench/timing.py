@@ -19,6 +19,10 @@ MIN_ITERS, MAX_ITERS = 1, 2000
 # time slices; at 64 MiB (30 ms a call) the two blocks cost three calls instead of one.
 PROBE_SECONDS = 0.005
 PROBE_MIN_BLOCKS = 2
+# A row not ready after its warm-up (auto still exploring) makes this many calls between two
+# looks: a look at auto's choices waits for the engine's worker, and between every call it would
+# space the calls out as the timed trials do not (those explored would then be another workload).
+READY_CHECK_EVERY = 64
 # Pause after each trial of a row whose traffic goes over TCP (gloo, and ringreduce's pg transport).
 # gloo's traffic leaves work behind in the kernel (TCP on loopback) for tens of milliseconds: 4 KiB
 # shm calls timed right after 200 gloo calls took 10 us instead of 3 us, and 2.7 us again after a
@@ -59,7 +63,12 @@ def nothing():
     """The default trial end: host calls are done when they return."""
 
 
-def timed_trials(calls, args, barrier, slowest, agree, sync=nothing, settings=None, settles=None) -> list:
+def always():
+    """The default readiness: a row is ready to time after its warm-up calls."""
+    return True
+
+
+def timed_trials(calls, args, barrier, slowest, agree, sync=nothing, settings=None, settles=None, ready=None) -> list:
     """RowTime of each of `calls`, over args.trials trials run round-robin.
 
     Interleaving the rows trial by trial, in an order that rotates, means a burst of load from
@@ -70,15 +79,21 @@ def timed_trials(calls, args, barrier, slowest, agree, sync=nothing, settings=No
     `slowest` maps a list of this rank's seconds to the group's slowest, element by element;
     `sync` ends a trial (torch.cuda.synchronize for GPU rows, whose calls only queue work);
     `settings[i]`, a context manager factory, is entered around row i's calls; `settles[i]` says
-    that row i's trials are followed by a TCP_SETTLE_SECONDS pause.
+    that row i's trials are followed by a TCP_SETTLE_SECONDS pause; after its warm-up row i makes
+    untimed calls until `ready[i]()` (READY_CHECK_EVERY), which must say the same on every rank
+    after the same call.
     """
     settings = settings or [contextlib.nullcontext] * len(calls)
     settles = settles or [False] * len(calls)
+    ready = ready or [always] * len(calls)
     iters = []
-    for call, setting in zip(calls, settings):
+    for call, setting, is_ready in zip(calls, settings, ready):
         with setting():
             for _ in range(args.warmup):
                 call()
+            while not is_ready():
+                for _ in range(READY_CHECK_EVERY):
+                    call()
             sync()
             barrier()
             iters.append(args.iters or agree(iterations_for(seconds_per_call(call, sync, slowest), args)))
