@@ -109,16 +109,16 @@ def test_trials_are_sized_from_blocks_of_calls_not_from_one_call(monkeypatch, du
     assert len(made) == calls_made
 
     class Args:
-        iters, warmup, trials = 0, 0, 1
+        iters, warmup, trials, row_seconds = 0, 0, 1, 0.5
 
     made.clear()
     durations = [0.006] + [0.00003] * 10_000
     timing.timed_trials([call], Args, timing.nothing, lambda t: t, lambda n: n)
-    budget_calls = int(timing.TARGET_SECONDS_PER_ROW / 0.00003)
+    budget_calls = int(Args.row_seconds / 0.00003)
     assert len(made) == 3 + min(timing.MAX_ITERS, budget_calls)
 
 
-@pytest.mark.parametrize("argument", ["--trials=0", "--iters=-1", "--warmup=-2"])
+@pytest.mark.parametrize("argument", ["--trials=0", "--iters=-1", "--warmup=-2", "--row-seconds=0"])
 def test_counts_below_their_bound_are_refused_with_the_option_named(argument):
     done = subprocess.run([sys.executable, "-m", "ringreduce.bench", argument], capture_output=True, text=True,
                           timeout=BENCH_TIMEOUT_S)

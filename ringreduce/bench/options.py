@@ -24,9 +24,13 @@ COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduc
 # The one algorithm each collective but all_reduce runs on (broadcast: a chain along the ring;
 # reduce: the central reducer's first half, into rank 0).
 NATIVE_ALGORITHM = {"reduce_scatter": "ring", "all_gather": "ring", "broadcast": "ring", "reduce": "central"}
+# With --iters 0 each (row, size) is timed for about this long in all (--row-seconds): long enough
+# to average out the scheduler on a shared 2-core machine, short enough that the default sweep
+# stays under two minutes.
+DEFAULT_ROW_SECONDS = 0.5
 # Trials per row; the table reports the median trial and the fastest. 21: trials of about 24 ms
-# (timing.TARGET_SECONDS_PER_ROW / 21), far shorter than this host's slow spells, and an odd count
-# has a middle trial.
+# (DEFAULT_ROW_SECONDS / 21), far shorter than this host's slow spells, and an odd count has a
+# middle trial.
 DEFAULT_TRIALS = 21
 # Algorithms that run on host memory only, left out of the GPU rows.
 HOST_ONLY_ALGORITHMS = ("one_shot",)
@@ -55,16 +59,16 @@ def size_sweep(args) -> list:
     return [parse_size(s) for s in args.sizes.split(",") if s.strip()]
 
 
-def at_least(low: int):
-    """An argparse type: an integer of at least `low`, else an error that names the bound."""
+def at_least(low, kind=int):
+    """An argparse type: a number (`kind`) of at least `low`, else an error that names the bound."""
 
-    def parse(text: str) -> int:
-        value = int(text)
+    def parse(text: str):
+        value = kind(text)
         if value < low:
             raise argparse.ArgumentTypeError(f"{value} is below {low}")
         return value
 
-    parse.__name__ = f"integer of at least {low}"  # what argparse calls the type in its message
+    parse.__name__ = f"{'integer' if kind is int else 'number'} of at least {low}"  # argparse's name for the type
     return parse
 
 
@@ -80,7 +84,9 @@ def parse_args(argv=None):
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     parser.add_argument("--op", choices=sorted(OPS), default="sum")
     parser.add_argument("--iters", type=at_least(0), default=0,
-                        help="timed calls per row and trial (0: about 0.5 s per row in all)")
+                        help="timed calls per row and trial (0: about --row-seconds per row in all)")
+    parser.add_argument("--row-seconds", type=at_least(0.01, float), default=DEFAULT_ROW_SECONDS,
+                        help="with --iters 0, the seconds each row and size is timed for over its trials")
     parser.add_argument("--warmup", type=at_least(0), default=3, help="untimed calls before timing")
     parser.add_argument("--trials", type=at_least(1), default=DEFAULT_TRIALS,
                         help="timed trials per row (the median and the fastest reported)")

@@ -5,10 +5,7 @@ import math
 import time
 from typing import NamedTuple
 
-# With --iters 0 each (row, size) is timed for about this long in all, within these bounds on the
-# calls per trial: long enough to average out the scheduler on a shared 2-core machine, short
-# enough that the default sweep stays under two minutes.
-TARGET_SECONDS_PER_ROW = 0.5
+# With --iters 0 the bounds on the calls per trial that fill --row-seconds.
 MIN_ITERS, MAX_ITERS = 1, 2000
 # With --iters 0 the calls per trial come from blocks of 1, 2, 4, ... calls timed before the trials,
 # until at least PROBE_MIN_BLOCKS blocks have taken PROBE_SECONDS in all; the block with the least
@@ -39,7 +36,7 @@ class RowTime(NamedTuple):
 
 def iterations_for(one_call_seconds: float, args) -> int:
     """Calls per trial that fill the row's time budget split over the trials."""
-    budget = TARGET_SECONDS_PER_ROW / args.trials
+    budget = args.row_seconds / args.trials
     return max(MIN_ITERS, min(MAX_ITERS, int(budget / max(one_call_seconds, 1e-7))))
 
 
