@@ -5,8 +5,10 @@ import math
 import time
 from typing import NamedTuple
 
-# With --iters 0 the bounds on the calls per trial that fill --row-seconds.
-MIN_ITERS, MAX_ITERS = 1, 2000
+# With --iters 0 the bounds on the calls per trial that fill --row-seconds. The upper one only
+# stops calls that take next to nothing from making endless trials: at 2000, as first, 4-rank
+# 15 us calls filled 30 ms trials whatever --row-seconds asked for.
+MIN_ITERS, MAX_ITERS = 1, 100_000
 # With --iters 0 the calls per trial come from blocks of 1, 2, 4, ... calls timed before the trials,
 # until at least PROBE_MIN_BLOCKS blocks have taken PROBE_SECONDS in all; the block with the least
 # time per call counts. One call was no guide: on 4 ranks of 2 cores a 4 KiB call of about 30 us
