@@ -76,9 +76,10 @@ constexpr std::uint64_t kAutoLargeBytes = 4 * 1024 * 1024;
 // the next, so that they take this long. Five 4 KiB calls on 4 ranks of 2 cores take about 125 us,
 // while a rank whose core runs a peer waits up to a scheduler time slice (milliseconds): rounds that
 // short crowned whichever candidate the stalls happened to miss (bench, 2026-12-02: ring at 64 KiB
-// at 1.4x central's time, central at 4 MiB at 1.2x ring's). 10 ms spans a few time slices, and
-// costs a small class about 30-60 ms of calls per exploration, at its first calls and at each
-// revisit (kAutoRevisitShare).
+// at 1.4x central's time, central at 4 MiB at 1.2x ring's). 10 ms spans a few time slices; a
+// class's first exploration then took 11-78 ms in all, 3-33 ms more than the same calls of the
+// choice (2 and 4 ranks, 4 KiB-16 MiB, benchmarks/RESULTS.md), and revisits come seldom
+// (kAutoRevisitShare).
 constexpr std::int64_t kAutoRoundNanoseconds = 10'000'000;
 // At most this many timed calls of each candidate in a round: 2 ranks on shm at 4 KiB take 2-3 us
 // a call, and 1000 of them (2-3 ms) already spread over many wake-ups of the other rank.

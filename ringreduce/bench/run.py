@@ -110,11 +110,15 @@ def count_wrong(fn, collective, rank, world, numel, dtype, op, device="cpu") -> 
     return int(total.item())
 
 
+def auto_communicator(transport, device):
+    """The communicator the auto row's calls run on."""
+    return _groups.communicator(None, torch.empty(0, device=device), transport, "auto")
+
+
 def auto_ran(transport, device, nbytes):
     """What auto runs now for `nbytes` on this transport (None while it has not decided): read after
     the row's trials, so it is what the row ran once learning was over."""
-    comm = _groups.communicator(None, torch.empty(0, device=device), transport, "auto")
-    return comm.auto_choices().get(1 << (nbytes.bit_length() - 1))
+    return auto_communicator(transport, device).auto_choices().get(1 << (nbytes.bit_length() - 1))
 
 
 def is_auto_row(row, args) -> bool:
@@ -124,10 +128,10 @@ def is_auto_row(row, args) -> bool:
 
 def auto_decided(transport, device, nbytes):
     """Whether auto's row is ready to time: its first exploration of `nbytes`'s size class is over,
-    or it does not learn there. Like NCCL's tuning and the warm-up calls, the learning precedes the
-    timed calls; what it costs is measured apart (benchmarks/RESULTS.md)."""
-    comm = _groups.communicator(None, torch.empty(0, device=device), transport, "auto")
-    return not comm.auto_learns(nbytes) or auto_ran(transport, device, nbytes) is not None
+    or it does not learn there. Like the warm-up calls, the learning precedes the timed calls;
+    what it costs is measured apart (benchmarks/RESULTS.md)."""
+    learns = auto_communicator(transport, device).auto_learns(nbytes)
+    return not learns or auto_ran(transport, device, nbytes) is not None
 
 
 def gpus_for_processes(args, world) -> bool:
