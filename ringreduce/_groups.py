@@ -51,6 +51,13 @@ def timeout_seconds(group) -> float:
     return timeout.total_seconds()
 
 
+# Names this process's host in place of its host name: processes of one machine under different
+# names are taken for different hosts (they then talk through gloo, never through shared memory).
+# The tests lay out several "hosts" on one machine with it; two machines never pass for one, as the
+# identity keeps the boot id.
+HOST_NAME_ENV = "RINGREDUCE_HOST_NAME"
+
+
 def host_identity() -> str:
     """Host name plus boot id: equal for two processes exactly when they can share /dev/shm."""
     try:
@@ -58,7 +65,22 @@ def host_identity() -> str:
             boot_id = f.read().strip()
     except OSError:
         boot_id = "unknown-boot"
-    return f"{socket.gethostname()}/{boot_id}"
+    return f"{os.environ.get(HOST_NAME_ENV) or socket.gethostname()}/{boot_id}"
+
+
+def host_labels(store, rank, size) -> list:
+    """Each rank's host as a small integer (hosts numbered by their lowest rank), agreed through
+    `store` (collective: every rank publishes its own, then reads all)."""
+    store.set(str(rank), host_identity())
+    identities = [store.get(str(r)).decode() for r in range(size)]
+    numbers = {}
+    return [numbers.setdefault(identity, len(numbers)) for identity in identities]
+
+
+def host_summary(comm) -> str:
+    """What a communicator over several hosts runs where, for RINGREDUCE_DEBUG=INFO."""
+    return (f"{comm.hosts}: shared memory inside each host, gloo across"
+            + ("; all-reduce hierarchical or flat" if comm.has_hierarchy else "; all-reduce flat (one rank per host)"))
 
 
 class _GroupState:
@@ -71,7 +93,7 @@ class _GroupState:
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
         self.communicators = {}
-        self._single_host = None
+        self._hosts = None
         entry = dist.distributed_c10d._world.pg_map.get(group)
         self._store = entry[1] if entry is not None else group.get_group_store()
 
@@ -81,14 +103,15 @@ class _GroupState:
         self._creations[self.group.group_name] = count + 1
         return dist.PrefixStore(f"ringreduce/{self.group.group_name}/{count}/{purpose}/", self._store)
 
+    def hosts(self) -> list:
+        """Each rank's host (host_labels), agreed through the group's store (collective, once)."""
+        if self._hosts is None:
+            self._hosts = host_labels(self.fresh_store("hosts"), self.rank, self.size)
+        return self._hosts
+
     def single_host(self) -> bool:
-        """Whether every rank runs on this host, agreed through the group's store (collective, once)."""
-        if self._single_host is None:
-            store = self.fresh_store("hosts")
-            store.set(str(self.rank), host_identity())
-            hosts = {store.get(str(r)).decode() for r in range(self.size)}
-            self._single_host = len(hosts) == 1
-        return self._single_host
+        """Whether every rank runs on this host (collective, once)."""
+        return len(set(self.hosts())) == 1
 
     def create(self, transport, device, timeout_s):
         store = self.fresh_store(transport)
@@ -104,7 +127,7 @@ class _GroupState:
             return _C.shm_communicator(store, self.rank, self.size, timeout_s)
         # A private gloo group: ring messages never interleave with the user's own collectives.
         backend = dist.ProcessGroupGloo(store, self.rank, self.size, datetime.timedelta(seconds=timeout_s))
-        return _C.pg_communicator(backend, store, timeout_s)
+        return _C.pg_communicator(backend, store, timeout_s, self.hosts())
 
     def choose(self, device_type):
         """Automatic transport choice: (name, reason)."""
@@ -117,7 +140,7 @@ class _GroupState:
             )
         if self.single_host():
             return "shm", "CPU tensor, every rank on this host: shared memory"
-        return "pg", "CPU tensor, ranks on several hosts: point-to-point over a private gloo group"
+        return "pg", "CPU tensor, ranks on several hosts"
 
 
 def _check_transport(name, device_type):
@@ -181,7 +204,8 @@ def _resolve(group, device, transport):
             comm = state.communicators[(name, device)] = state.create(name, device, timeout_seconds(group))
             _debug.info_once(
                 (id(comm), "transport"),
-                f"group {group.group_name!r} rank {comm.rank}/{comm.size}: transport {name} ({reason})",
+                f"group {group.group_name!r} rank {comm.rank}/{comm.size}: transport {name} ({reason})"
+                + (f"; {host_summary(comm)}" if comm.hosts else ""),
             )
     return comm
 

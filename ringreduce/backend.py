@@ -6,7 +6,7 @@
 All-reduce (also coalesced), reduce-scatter and all-gather (tensor and list forms), broadcast,
 reduce and barrier run on ringreduce's engine; gather, scatter, all-to-all and send/recv go to a
 gloo backend on the same store (CUDA tensors: torch's NCCL backend). Every group made with ``new_group`` gets its own.
-``RINGREDUCE_ALGORITHM`` (auto, ring, central or one_shot) picks the all-reduce algorithm; auto by
+``RINGREDUCE_ALGORITHM`` (auto, ring, central, one_shot or hierarchical) picks the all-reduce algorithm; auto by
 default (see ringreduce.tuning).
 """
 
@@ -18,17 +18,11 @@ import torch.distributed as dist
 
 from ringreduce import _C, _debug
 from ringreduce._checks import algorithm_code
-from ringreduce._groups import host_identity
+from ringreduce._groups import host_labels, host_summary
 
 NAME = "ringreduce"
 # The all-reduce algorithm of every ringreduce backend of the process (auto by default).
 ALGORITHM_ENV = "RINGREDUCE_ALGORITHM"
-
-
-def _single_host(store, rank, size) -> bool:
-    hosts = dist.PrefixStore("hosts/", store)
-    hosts.set(str(rank), host_identity())
-    return len({hosts.get(str(r)).decode() for r in range(size)}) == 1
 
 
 def _create(store, rank, size, timeout):
@@ -38,14 +32,19 @@ def _create(store, rank, size, timeout):
     code = algorithm_code(algorithm)
     fallback = dist.ProcessGroupGloo(dist.PrefixStore("fallback/", store), rank, size,
                                      datetime.timedelta(seconds=timeout_s))
-    if _single_host(store, rank, size):
+    hosts = host_labels(dist.PrefixStore("hosts/", store), rank, size)
+    if len(set(hosts)) == 1:
         cpu = _C.shm_communicator(dist.PrefixStore("shm/", store), rank, size, timeout_s)
         why = "every rank on this host: shared memory"
     else:
         engine_gloo = dist.ProcessGroupGloo(dist.PrefixStore("pg/", store), rank, size,
                                             datetime.timedelta(seconds=timeout_s))
-        cpu = _C.pg_communicator(engine_gloo, dist.PrefixStore("pg-notices/", store), timeout_s)
-        why = "ranks on several hosts: a private gloo group"
+        cpu = _C.pg_communicator(engine_gloo, dist.PrefixStore("pg-notices/", store), timeout_s, hosts)
+        why = host_summary(cpu)
+    if algorithm == "hierarchical" and not cpu.has_hierarchy:
+        raise ValueError(f"{ALGORITHM_ENV}=hierarchical needs ranks on several hosts with several ranks on some host; "
+                         f"this group has {cpu.hosts or 'every rank on one host'}. Unset it, or choose ring, central, "
+                         "one_shot or auto")
     _debug.info_once(("backend", id(cpu)),
                      f"backend rank {rank}/{size}: CPU transport {cpu.transport} ({why}), all-reduce {algorithm}; "
                      "gather, scatter, all-to-all and send/recv go to gloo (CUDA tensors: nccl)")

@@ -38,8 +38,10 @@ def all_reduce(
             of blocking. Async calls on one group complete in the order they were issued.
         algorithm: ``"auto"`` (the default: learned online per size class; see ringreduce.tuning),
             ``"ring"`` (reduce-scatter then all-gather), ``"central"`` (reduce at a root, then
-            broadcast) or ``"one_shot"`` (every rank reduces every rank's buffer; CPU tensors,
-            small messages). Give a fixed one for sums whose rounding is the same from run to run.
+            broadcast), ``"one_shot"`` (every rank reduces every rank's buffer; CPU tensors,
+            small messages) or ``"hierarchical"`` (shared memory inside each host, a ring of one rank
+            per host across; groups that span hosts). Give a fixed one for sums whose rounding is the
+            same from run to run.
         transport: None chooses automatically; see ``build_info()["transports"]``.
         segment_bytes: pipeline segment size; default ``RINGREDUCE_SEGMENT_BYTES`` or the engine's.
         root: the reducing rank of the central algorithm (group rank).

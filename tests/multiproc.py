@@ -12,7 +12,7 @@ DEFAULT_RANKS_TIMEOUT_S = 240
 
 
 def _entry(rank, world, store_path, fn, args, results, env, backend):
-    os.environ.update(env)
+    os.environ.update(env(rank) if callable(env) else env)
     try:
         if backend != "gloo":
             import ringreduce  # noqa: F401  (registers the ringreduce backend)
@@ -30,6 +30,7 @@ def run_ranks(world, fn, *args, timeout=DEFAULT_RANKS_TIMEOUT_S, env=None, dying
     """Return [fn(rank, world, *args) for each rank]; raise with the ranks' tracebacks on failure.
 
     Ranks in `dying` are expected to kill themselves: their entry in the result is their exit code.
+    `env` is a dict for every rank, or a function of the rank that returns one.
     """
     ctx = mp.get_context("spawn")
     results = ctx.Queue()

@@ -15,12 +15,13 @@ PACKAGE = ROOT / "ringreduce"
 ALLOWED_INCLUDES = {
     "core": set(),
     "algorithms": {"core"},
-    "engine": {"core", "algorithms"},
+    "hierarchy": {"core", "algorithms"},
+    "engine": {"core", "algorithms", "hierarchy"},
     "transports": {"core"},
     "cpu": {"core"},
     "cuda": {"core", "transports"},
     "ps": {"core"},
-    "python": {"core", "algorithms", "engine", "transports", "cpu", "cuda", "ps"},
+    "python": {"core", "algorithms", "hierarchy", "engine", "transports", "cpu", "cuda", "ps"},
 }
 SOURCE_SUFFIXES = {".h", ".cpp", ".cu", ".cuh"}
 QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 
+#include "algorithms/schedule.h"
 #include "core/reducer.h"
 #include "core/transport.h"
 
@@ -30,10 +31,18 @@ void ring_all_reduce(Transport& transport, const Reducer& reducer, void* data, s
 void ring_reduce_scatter(Transport& transport, const Reducer& reducer, void* data, std::size_t chunk_elems,
                          std::size_t segment_bytes, std::size_t lanes, const void* input = nullptr);
 
+// The same over any chunk layout (a hierarchical round: its last chunks may be short or empty).
+// With `finishes` false the reductions are not the last ones of the elements (AVG divides later).
+void ring_reduce_scatter(Transport& transport, const Reducer& reducer, void* data, const SegmentLayout& layout,
+                         std::size_t lanes, bool finishes);
+
 // The ring's second half alone: rank r's chunk r of `data` (elements of `elem` bytes) reaches every
 // rank's chunk r. Each rank moves (N-1)/N of the buffer.
 void ring_all_gather(Transport& transport, std::size_t elem, void* data, std::size_t chunk_elems,
                      std::size_t segment_bytes, std::size_t lanes);
+
+// The same over any chunk layout.
+void ring_all_gather(Transport& transport, std::size_t elem, void* data, const SegmentLayout& layout, std::size_t lanes);
 
 // Broadcast along the ring from `root`, pipelined by segment: each rank passes a segment on to the
 // next as it arrives, so every link carries the buffer once and the time is about one buffer's

@@ -81,9 +81,22 @@ void ring_reduce_scatter(Transport& transport, const Reducer& reducer, void* dat
            ring_schedule(layout, transport.size(), transport.rank(), lanes, RingPhases::ReduceScatter), input);
 }
 
+void ring_reduce_scatter(Transport& transport, const Reducer& reducer, void* data, const SegmentLayout& layout,
+                         std::size_t lanes, bool finishes) {
+  std::vector<RingTransfer> transfers =
+      ring_schedule(layout, transport.size(), transport.rank(), lanes, RingPhases::ReduceScatter);
+  if (!finishes) {
+    for (RingTransfer& t : transfers) t.last = false;
+  }
+  run_ring(transport, &reducer, reducer.element_size(), data, transfers);
+}
+
 void ring_all_gather(Transport& transport, std::size_t elem, void* data, std::size_t chunk_elems,
                      std::size_t segment_bytes, std::size_t lanes) {
-  const SegmentLayout layout = chunk_layout(chunk_elems, elem, transport.size(), segment_bytes);
+  ring_all_gather(transport, elem, data, chunk_layout(chunk_elems, elem, transport.size(), segment_bytes), lanes);
+}
+
+void ring_all_gather(Transport& transport, std::size_t elem, void* data, const SegmentLayout& layout, std::size_t lanes) {
   run_ring(transport, nullptr, elem, data,
            ring_schedule(layout, transport.size(), transport.rank(), lanes, RingPhases::AllGather));
 }

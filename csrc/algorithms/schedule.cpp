@@ -14,11 +14,16 @@ int wrap(int value, int world) { return ((value % world) + world) % world; }
 }  // namespace
 
 Span SegmentLayout::segment(int chunk, std::size_t index) const {
-  const std::size_t chunk_begin = std::min(numel, static_cast<std::size_t>(chunk) * chunk_elems);
-  const std::size_t chunk_end = std::min(numel, chunk_begin + chunk_elems);
-  const std::size_t begin = std::min(chunk_end, chunk_begin + index * segment_elems);
+  const Span whole = this->chunk(chunk);
+  const std::size_t chunk_end = whole.offset + whole.count;
+  const std::size_t begin = std::min(chunk_end, whole.offset + index * segment_elems);
   const std::size_t end = std::min(chunk_end, begin + segment_elems);
   return Span{begin, end - begin};
+}
+
+Span SegmentLayout::chunk(int chunk) const {
+  const std::size_t begin = std::min(numel, static_cast<std::size_t>(chunk) * chunk_elems);
+  return Span{begin, std::min(numel, begin + chunk_elems) - begin};
 }
 
 SegmentLayout segment_layout(std::size_t numel, std::size_t elem_size, int world, std::size_t segment_bytes) {
@@ -40,6 +45,23 @@ SegmentLayout chunk_layout(std::size_t chunk_elems, std::size_t elem_size, int w
   layout.chunk_elems = chunk_elems;
   layout.segments_per_chunk = ceil_div(chunk_elems, layout.segment_elems);
   return layout;
+}
+
+std::vector<ShardRound> shard_rounds(std::size_t numel, std::size_t elem_size, int shards, int neighbours,
+                                     std::size_t segment_bytes) {
+  RR_CHECK(neighbours >= 1 && neighbours <= shards, "a host of ", neighbours, " ranks cannot split ", shards, " shards");
+  const std::size_t shard_elems = segment_layout(numel, elem_size, shards, segment_bytes).chunk_elems;
+  std::vector<ShardRound> rounds;
+  for (int first = 0; first < shards; first += neighbours) {
+    ShardRound round;
+    round.offset = std::min(numel, static_cast<std::size_t>(first) * shard_elems);
+    round.layout = chunk_layout(shard_elems, elem_size, neighbours, segment_bytes);
+    // Shards past the round's last, and past the buffer's end, are empty.
+    const int in_round = std::min(neighbours, shards - first);
+    round.layout.numel = std::min(numel, round.offset + static_cast<std::size_t>(in_round) * shard_elems) - round.offset;
+    rounds.push_back(round);
+  }
+  return rounds;
 }
 
 std::vector<RingTransfer> ring_schedule(const SegmentLayout& layout, int world, int rank, std::size_t lanes,

@@ -32,6 +32,7 @@ const char* algorithm_name(Algorithm algorithm) {
     case Algorithm::Ring: return "ring";
     case Algorithm::Central: return "central";
     case Algorithm::OneShot: return "one_shot";
+    case Algorithm::Hierarchical: return "hierarchical";
     case Algorithm::Auto: return "auto";
   }
   return "unknown";

@@ -10,7 +10,8 @@ namespace ringreduce {
 
 // The all-reduce algorithms. Auto is never run: the communicator resolves it to one of the others
 // (engine/auto_choice.h) before the header is made.
-enum class Algorithm : int { Ring, Central, OneShot, Auto };
+// Hierarchical runs only on a group that spans hosts (csrc/hierarchy/).
+enum class Algorithm : int { Ring, Central, OneShot, Hierarchical, Auto };
 
 // The collectives the engine runs.
 enum class Collective : int { AllReduce, ReduceScatter, AllGather, Broadcast, Reduce };

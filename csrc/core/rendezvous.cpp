@@ -1,5 +1,8 @@
 #include "core/rendezvous.h"
 
+#include <future>
+#include <thread>
+
 namespace ringreduce {
 namespace {
 
@@ -48,6 +51,43 @@ std::string MemoryRendezvous::set_once(const std::string& key, const std::string
 bool MemoryRendezvous::has(const std::string& key) {
   const std::lock_guard<std::mutex> lock(keys_->mutex);
   return keys_->values.count(key) > 0;
+}
+
+std::string BoundedRendezvous::bounded(const char* what, std::function<std::string(Rendezvous&)> call) {
+  auto answer = std::make_shared<std::promise<std::string>>();
+  std::future<std::string> answered = answer->get_future();
+  std::thread([inner = inner_, answer, call = std::move(call)] {
+    try {
+      answer->set_value(call(*inner));
+    } catch (...) {
+      answer->set_exception(std::current_exception());
+    }
+  }).detach();
+  if (answered.wait_for(limit_) != std::future_status::ready) {
+    throw StoreUnreachable(detail::concat("ringreduce: the group's store did not answer a ", what, " within ",
+                                          limit_.count(), " ms (its server runs in rank 0's process: is that host "
+                                          "reachable?)"));
+  }
+  return answered.get();
+}
+
+void BoundedRendezvous::set(const std::string& key, const std::string& value) {
+  bounded("set", [key, value](Rendezvous& inner) {
+    inner.set(key, value);
+    return std::string();
+  });
+}
+
+std::string BoundedRendezvous::get(const std::string& key) {
+  return bounded("get", [key](Rendezvous& inner) { return inner.get(key); });
+}
+
+std::string BoundedRendezvous::set_once(const std::string& key, const std::string& value) {
+  return bounded("set", [key, value](Rendezvous& inner) { return inner.set_once(key, value); });
+}
+
+bool BoundedRendezvous::has(const std::string& key) {
+  return !bounded("check", [key](Rendezvous& inner) { return inner.has(key) ? std::string("1") : std::string(); }).empty();
 }
 
 AbortNotice publish_abort(Rendezvous& rendezvous, const AbortNotice& notice) {

@@ -4,6 +4,8 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
+#include <stdexcept>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -60,6 +62,38 @@ class PrefixRendezvous final : public Rendezvous {
  private:
   Rendezvous& inner_;
   std::string prefix_;
+};
+
+// A store call that got no answer within its limit (BoundedRendezvous).
+class StoreUnreachable : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// How long a failure path waits for the store: it answers in well under a millisecond on one host
+// and within a few across the emulated hosts, and 2 s keeps a failure's report within the group's
+// timeout plus a few seconds.
+constexpr std::chrono::milliseconds kStoreReplyLimit{2000};
+
+// The store a group's notices travel through is one process's server (torch's TCPStore lives in
+// rank 0). Across a link that went down, a call to it blocks until TCP gives up, many minutes later,
+// and a rank reporting its own failure must not wait that long. This rendezvous gives each call
+// `limit`, then throws StoreUnreachable; the call goes on on a thread of its own, holding `inner`,
+// and its late answer is dropped.
+class BoundedRendezvous final : public Rendezvous {
+ public:
+  BoundedRendezvous(std::shared_ptr<Rendezvous> inner, std::chrono::milliseconds limit)
+      : inner_(std::move(inner)), limit_(limit) {}
+  void set(const std::string& key, const std::string& value) override;
+  std::string get(const std::string& key) override;
+  std::string set_once(const std::string& key, const std::string& value) override;
+  bool has(const std::string& key) override;
+
+ private:
+  std::string bounded(const char* what, std::function<std::string(Rendezvous&)> call);
+
+  std::shared_ptr<Rendezvous> inner_;
+  std::chrono::milliseconds limit_;
 };
 
 // Abort notices through the store, so that every rank of a group reports the failure the first

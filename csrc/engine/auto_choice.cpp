@@ -67,8 +67,9 @@ AutoLogger auto_logger() {
   return logger;
 }
 
-Algorithm prior_algorithm(std::uint64_t bytes, bool host_memory) {
-  return host_memory && bytes <= kOneShotPriorBytes ? Algorithm::OneShot : Algorithm::Ring;
+Algorithm prior_algorithm(std::uint64_t bytes, bool host_memory, bool hierarchy) {
+  if (host_memory && bytes <= kOneShotPriorBytes) return Algorithm::OneShot;
+  return hierarchy ? Algorithm::Hierarchical : Algorithm::Ring;
 }
 
 bool table_covers(const std::string& transport) {
@@ -77,7 +78,8 @@ bool table_covers(const std::string& transport) {
                      [&](const AutoRule& rule) { return rule.transport == transport; });
 }
 
-Algorithm choose_algorithm(const std::string& transport, int world, std::uint64_t bytes, bool host_memory) {
+Algorithm choose_algorithm(const std::string& transport, int world, std::uint64_t bytes, bool host_memory,
+                           bool hierarchy) {
   const std::shared_ptr<const AutoTable> current = current_table();
   const std::vector<AutoRule>& rules = current->rules;
   // The world size whose lines apply: the largest measured at or below `world`, else the smallest.
@@ -90,11 +92,11 @@ Algorithm choose_algorithm(const std::string& transport, int world, std::uint64_
   }
   const AutoLogger log = auto_logger();
   if (smallest == INT_MAX) {
-    const Algorithm prior = prior_algorithm(bytes, host_memory);
+    const Algorithm prior = prior_algorithm(bytes, host_memory, hierarchy);
     if (log && first_time(current->generation, rules.size() + 1 + static_cast<std::size_t>(prior))) {
       log(detail::concat("auto chose ", algorithm_name(prior), " for ", bytes, " B on ", transport, " with ", world,
-                         " ranks: the prior (one_shot up to ", kOneShotPriorBytes,
-                         " B on host memory, ring above and on devices), as no table covers ", transport,
+                         " ranks: the prior (one_shot up to ", kOneShotPriorBytes, " B on host memory, ",
+                         hierarchy ? "hierarchical" : "ring", " above and on devices), as no table covers ", transport,
                          " and this group does not learn (it learns on host memory with 2 ranks or more)"));
     }
     return prior;
@@ -108,7 +110,9 @@ Algorithm choose_algorithm(const std::string& transport, int world, std::uint64_
     }
   }
   Algorithm algorithm = chosen < rules.size() ? rules[chosen].algorithm : Algorithm::Ring;
-  if (algorithm == Algorithm::OneShot && !host_memory) algorithm = Algorithm::Ring;
+  if ((algorithm == Algorithm::OneShot && !host_memory) || (algorithm == Algorithm::Hierarchical && !hierarchy)) {
+    algorithm = Algorithm::Ring;
+  }
   if (log && first_time(current->generation, chosen)) {
     const std::string why =
         chosen == rules.size()
@@ -116,18 +120,26 @@ Algorithm choose_algorithm(const std::string& transport, int world, std::uint64_
             : detail::concat("the line \"", transport, ", ", measured, " ranks, ", bytes_text(rules[chosen].up_to_bytes),
                              ": ", algorithm_name(rules[chosen].algorithm), "\" of ", current->source,
                              host_memory || rules[chosen].algorithm != Algorithm::OneShot ? ""
-                                                                                          : " (one_shot is host-only: ring)");
+                                                                                          : " (one_shot is host-only: ring)",
+                             algorithm == rules[chosen].algorithm || rules[chosen].algorithm == Algorithm::OneShot
+                                 ? "" : " (this group does not span hosts: ring)");
     log(detail::concat("auto chose ", algorithm_name(algorithm), " for ", bytes, " B on ", transport, " with ", world,
                        " ranks: ", why));
   }
   return algorithm;
 }
 
-AutoLearner::AutoLearner(std::string transport, int world, bool host_memory)
-    : transport_(std::move(transport)), world_(world), host_memory_(host_memory) {}
+AutoLearner::AutoLearner(std::string transport, int world, bool host_memory, bool hierarchy)
+    : transport_(std::move(transport)), world_(world), host_memory_(host_memory), hierarchy_(hierarchy) {}
 
-std::size_t AutoLearner::candidate_count(std::uint64_t bytes) const {
-  return host_memory_ && class_floor(bytes) < kOneShotCandidateBytes ? kCandidates.size() : kCandidates.size() - 1;
+AutoLearner::Tried AutoLearner::candidates(std::uint64_t bytes) const {
+  Tried tried;
+  for (const Algorithm candidate : kCandidates) {
+    if (candidate == Algorithm::OneShot && !(host_memory_ && class_floor(bytes) < kOneShotCandidateBytes)) continue;
+    if (candidate == Algorithm::Hierarchical && !hierarchy_) continue;
+    tried.list[tried.count++] = candidate;
+  }
+  return tried;
 }
 
 AutoLearner::SizeClass& AutoLearner::size_class(std::uint64_t bytes) {
@@ -146,9 +158,10 @@ void AutoLearner::start_round(SizeClass& size) {
 
 AutoLearner::Pick AutoLearner::pick(std::uint64_t bytes) {
   SizeClass& size = size_class(bytes);
-  const int count = static_cast<int>(candidate_count(bytes));
+  const Tried tried = candidates(bytes);
+  const int count = static_cast<int>(tried.count);
   if (!size.decided && !size.exploring) {
-    size.chosen = prior_algorithm(bytes, host_memory_);
+    size.chosen = prior_algorithm(bytes, host_memory_, hierarchy_);
     size.exploring = true;  // the class's first call
     size.calls = first_round_calls(bytes);
     size.trial = -count;
@@ -160,18 +173,19 @@ AutoLearner::Pick AutoLearner::pick(std::uint64_t bytes) {
   }
   if (!size.exploring) return {size.chosen, false};
   const int candidate = size.trial < 0 ? size.trial + count : size.trial / size.calls;
-  return {kCandidates[static_cast<std::size_t>(candidate)], true};
+  return {tried.list[static_cast<std::size_t>(candidate)], true};
 }
 
 bool AutoLearner::record(std::uint64_t bytes, std::int64_t nanoseconds) {
   SizeClass& size = size_class(bytes);
   if (size.trial >= 0) size.times[static_cast<std::size_t>(size.trial / size.calls)] += nanoseconds;
-  return ++size.trial == static_cast<int>(candidate_count(bytes)) * size.calls;
+  return ++size.trial == static_cast<int>(candidates(bytes).count) * size.calls;
 }
 
 void AutoLearner::decide(std::uint64_t bytes) {
   SizeClass& size = size_class(bytes);
-  const std::size_t count = candidate_count(bytes);
+  const Tried tried = candidates(bytes);
+  const std::size_t count = tried.count;
   const int calls = size.calls;
   std::vector<std::int64_t> typical(count);  // each candidate's mean call on the slowest rank
   for (std::size_t i = 0; i < count; ++i) typical[i] = size.times[i] / calls;
@@ -190,8 +204,8 @@ void AutoLearner::decide(std::uint64_t bytes) {
     }
     return;
   }
-  const std::size_t current =
-      static_cast<std::size_t>(std::find(kCandidates.begin(), kCandidates.end(), size.chosen) - kCandidates.begin());
+  const std::size_t current = static_cast<std::size_t>(
+      std::find(tried.list.begin(), tried.list.begin() + count, size.chosen) - tried.list.begin());
   const Algorithm before = size.chosen;
   const bool first = !size.decided;
   const bool faster = static_cast<double>(typical[best]) < static_cast<double>(typical[current]) * (1.0 - kAutoSwitchMargin);
@@ -203,12 +217,12 @@ void AutoLearner::decide(std::uint64_t bytes) {
     start_round(size);  // exploring again, at once
     if (log) {
       log(detail::concat("auto on ", transport_, " with ", world_, " ranks, from ", class_floor(bytes), " B: ",
-                         algorithm_name(kCandidates[best]), " looked faster than ", algorithm_name(before),
+                         algorithm_name(tried.list[best]), " looked faster than ", algorithm_name(before),
                          "; trying again before switching"));
     }
     return;
   }
-  if (faster) size.chosen = kCandidates[best];  // lost twice in a row: this round's winner takes over
+  if (faster) size.chosen = tried.list[best];  // lost twice in a row: this round's winner takes over
   size.beaten = false;
   size.decided = true;
   size.exploring = false;
@@ -217,7 +231,7 @@ void AutoLearner::decide(std::uint64_t bytes) {
     const std::uint64_t floor = class_floor(bytes);
     std::string measured;
     for (std::size_t i = 0; i < count; ++i) {
-      measured += detail::concat(i ? ", " : "", algorithm_name(kCandidates[i]), " ", (typical[i] + 50) / 100 / 10.0,
+      measured += detail::concat(i ? ", " : "", algorithm_name(tried.list[i]), " ", (typical[i] + 50) / 100 / 10.0,
                                  " us");
     }
     log(detail::concat("auto on ", transport_, " with ", world_, " ranks, ", floor, "-",

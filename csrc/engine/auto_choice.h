@@ -44,9 +44,12 @@ AutoLogger auto_logger();
 // benchmarks/RESULTS.md, "Small messages and auto"); the learner corrects it wherever it is wrong.
 constexpr std::uint64_t kOneShotPriorBytes = 64 * 1024;
 
-// What theory says before anything is measured: one-shot for small messages on host memory, ring
-// otherwise (one-shot does not run on a device).
-Algorithm prior_algorithm(std::uint64_t bytes, bool host_memory);
+// What theory says before anything is measured: one-shot for small messages on host memory (one
+// step), and above them the algorithm that moves the fewest bytes over the slowest links: across
+// hosts (`hierarchy`: a group over several hosts, some with several ranks) the hierarchical one,
+// whose host links carry 2(H-1)/H of the buffer for H hosts instead of the flat ring's 2(N-1)/N;
+// else the ring (one-shot does not run on a device).
+Algorithm prior_algorithm(std::uint64_t bytes, bool host_memory, bool hierarchy = false);
 
 // Whether the table has lines for `transport` (then they fix the choice there).
 bool table_covers(const std::string& transport);
@@ -54,8 +57,10 @@ bool table_covers(const std::string& transport);
 // The fixed choice for `bytes` on `transport` with `world` ranks: the table's when it covers the
 // transport, else the prior. Of the table, the lines measured at the largest world size not above
 // `world` apply (the smallest measured, when all are above it); the first line that covers `bytes`
-// wins, and ring where none does. One-shot gives way to ring on a device.
-Algorithm choose_algorithm(const std::string& transport, int world, std::uint64_t bytes, bool host_memory);
+// wins, and ring where none does. One-shot gives way to ring on a device, and hierarchical where
+// the group has no `hierarchy`.
+Algorithm choose_algorithm(const std::string& transport, int world, std::uint64_t bytes, bool host_memory,
+                           bool hierarchy = false);
 
 // Timed calls of each candidate in a class's first round, one candidate's calls after another (the
 // way a training loop calls; taking turns call by call, 4 ranks on 2 cores at 64 KiB measured all
@@ -112,13 +117,15 @@ constexpr std::uint64_t kOneShotCandidateBytes = 1024 * 1024;
 // differed would raise MismatchError).
 class AutoLearner {
  public:
-  // In this order; one_shot only on host memory and below kOneShotCandidateBytes.
-  static constexpr std::array<Algorithm, 3> kCandidates = {Algorithm::Ring, Algorithm::Central, Algorithm::OneShot};
-  // Nanoseconds of each candidate's timed calls of a round, summed: this rank's, then (after the
-  // all-reduce) the slowest rank's.
+  // In this order; one_shot only on host memory and below kOneShotCandidateBytes, hierarchical only
+  // on a group with a `hierarchy`.
+  static constexpr std::array<Algorithm, 4> kCandidates = {Algorithm::Ring, Algorithm::Central, Algorithm::OneShot,
+                                                           Algorithm::Hierarchical};
+  // Nanoseconds of each tried candidate's timed calls of a round, summed (by place among those
+  // tried): this rank's, then (after the all-reduce) the slowest rank's.
   using Times = std::array<std::int64_t, kCandidates.size()>;
 
-  AutoLearner(std::string transport, int world, bool host_memory);
+  AutoLearner(std::string transport, int world, bool host_memory, bool hierarchy = false);
 
   struct Pick {
     Algorithm algorithm = Algorithm::Ring;
@@ -155,11 +162,17 @@ class AutoLearner {
   static void start_round(SizeClass& size);
   SizeClass& size_class(std::uint64_t bytes);
   static int first_round_calls(std::uint64_t bytes);
-  std::size_t candidate_count(std::uint64_t bytes) const;  // the first this many of kCandidates
+  // The candidates tried at `bytes`, in kCandidates' order: the first `count` of `list`.
+  struct Tried {
+    std::array<Algorithm, kCandidates.size()> list{};
+    std::size_t count = 0;
+  };
+  Tried candidates(std::uint64_t bytes) const;
 
   std::string transport_;
   int world_;
   bool host_memory_;
+  bool hierarchy_;
   std::array<SizeClass, 65> classes_;  // by bit width of the size: 0 B, 1 B, 2-3 B, 4-7 B, ...
 };
 

@@ -52,11 +52,14 @@ std::size_t resolve_segment_bytes(std::size_t requested) {
 }
 
 Communicator::Communicator(std::unique_ptr<Transport> transport, ReducerFactory make_reducer,
-                           std::unique_ptr<StreamContext> stream)
+                           std::unique_ptr<StreamContext> stream, std::unique_ptr<HostTier> hosts)
     : stream_(std::move(stream)),
       trace_(TraceRecorder::from_env(transport->rank(), transport->size(), transport->name())),
       transport_(std::move(transport)),
+      hosts_(std::move(hosts)),
       make_reducer_(std::move(make_reducer)) {
+  RR_CHECK(!hosts_ || (stream_ == nullptr && hosts_->layout.world() == size() && hosts_->layout.hosts() > 1),
+           "a host tier is for a group on host memory over several hosts, with one layout entry per rank");
   if (trace_) transport_ = std::make_unique<TracedTransport>(std::move(transport_), *trace_);
 }
 
@@ -103,8 +106,10 @@ bool Communicator::auto_learns(std::uint64_t bytes) const {
 
 AutoLearner::Pick Communicator::resolve_auto(std::uint64_t bytes) {
   const bool host_memory = stream_ == nullptr;
-  if (!auto_learns(bytes)) return {choose_algorithm(transport_name(), size(), bytes, host_memory), false};
-  if (!learner_) learner_ = std::make_unique<AutoLearner>(transport_name(), size(), host_memory);
+  if (!auto_learns(bytes)) {
+    return {choose_algorithm(transport_name(), size(), bytes, host_memory, has_hierarchy()), false};
+  }
+  if (!learner_) learner_ = std::make_unique<AutoLearner>(transport_name(), size(), host_memory, has_hierarchy());
   return learner_->pick(bytes);
 }
 
@@ -135,18 +140,24 @@ void Communicator::run_resolved(const CollectiveArgs& args, const char* auto_rol
   const bool chunked = args.collective == Collective::ReduceScatter || args.collective == Collective::AllGather;
   RR_CHECK(!chunked || args.numel % static_cast<std::size_t>(size()) == 0,
            collective_name(args.collective), " of ", args.numel, " elements does not split into ", size(), " chunks");
-  const std::size_t segment_bytes =
-      args.segment_bytes > 0 ? args.segment_bytes : transport_->default_segment_bytes();
+  const bool hierarchical = args.collective == Collective::AllReduce && args.algorithm == Algorithm::Hierarchical;
+  const std::size_t segment_bytes = args.segment_bytes > 0 ? args.segment_bytes
+                                    : hierarchical         ? kHierarchicalSegmentBytes
+                                                           : transport_->default_segment_bytes();
   RR_CHECK(args.algorithm != Algorithm::Auto, "the algorithm must be resolved before the collective runs");
   RR_CHECK(args.algorithm != Algorithm::OneShot || stream_ == nullptr,
            "one_shot runs on host memory only; use ring or central for device tensors");
   RR_CHECK(args.input == nullptr || (stream_ == nullptr && args.collective == Collective::ReduceScatter),
            "a separate input is for host reduce-scatters only");
+  RR_CHECK(!hierarchical || has_hierarchy(), "hierarchical runs on a group whose ranks span several hosts with "
+           "several ranks on some host; this group is ", hosts_ ? hosts_->layout.describe() : "on one host",
+           ": use ring, central or one_shot");
+  Transport* neighbours = hierarchical ? hosts_->neighbours.get() : nullptr;
   const Reducer& reducer = this->reducer(args.dtype, args.op);
   const std::size_t wanted_lanes = positive_from_env(kLanesEnv, "1");
   const std::size_t asked_lanes = wanted_lanes > 0 ? wanted_lanes : transport_->default_lanes();
   // The ring's collectives pipeline in lanes; the central reducer and the broadcast chain in one.
-  const bool ring = chunked || (args.collective == Collective::AllReduce && args.algorithm == Algorithm::Ring);
+  const bool ring = chunked || hierarchical || (args.collective == Collective::AllReduce && args.algorithm == Algorithm::Ring);
   const std::size_t lanes = ring ? std::min({transport_->max_lanes(), kMaxHeaderLanes, asked_lanes}) : 1;
   CollectiveHeader header;
   header.sequence = sequence_++;
@@ -164,6 +175,7 @@ void Communicator::run_resolved(const CollectiveArgs& args, const char* auto_rol
     const char* check_env = std::getenv(kCheckCallsEnv);
     const bool check = check_env == nullptr || std::string(check_env) != "0";
     transport_->begin_collective(header, check);
+    if (neighbours != nullptr) neighbours->begin_collective(header, check);
     // In a broadcast or reduce some ranks only send; they must not return before a disagreement
     // found by the rank they send to has reached them.
     const bool some_only_send = args.collective == Collective::Broadcast || args.collective == Collective::Reduce;
@@ -183,6 +195,9 @@ void Communicator::run_resolved(const CollectiveArgs& args, const char* auto_rol
               break;
             case Algorithm::Central:
               central_all_reduce(*transport_, reducer, args.data, args.numel, segment_bytes, args.root);
+              break;
+            case Algorithm::Hierarchical:
+              hierarchical_all_reduce(*transport_, *hosts_, reducer, args.data, args.numel, segment_bytes, lanes);
               break;
             default:
               one_shot_all_reduce(*transport_, reducer, args.data, host_scratch(args.numel * reducer.element_size()),
@@ -204,6 +219,7 @@ void Communicator::run_resolved(const CollectiveArgs& args, const char* auto_rol
       }
     }
     transport_->end_collective();
+    if (neighbours != nullptr) neighbours->end_collective();
     if (stream_ != nullptr && stream_->host_wait().count() > 0) await_on_host(header.sequence);
     if (trace_) {
       TraceEvent event;
@@ -243,6 +259,8 @@ void Communicator::await_on_host(std::uint64_t sequence) {
 
 void Communicator::fail(AbortNotice notice) {
   broken_ = transport_->abort(notice);
+  // This host's ranks may wait for this one in shared memory, where the group's notice does not reach.
+  if (hosts_ && hosts_->neighbours) hosts_->neighbours->abort(broken_);
   broken_.raise();
 }
 

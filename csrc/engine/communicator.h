@@ -16,6 +16,7 @@
 #include "core/transport.h"
 #include "engine/auto_choice.h"
 #include "engine/executor.h"
+#include "hierarchy/hierarchical.h"
 
 namespace ringreduce {
 
@@ -54,9 +55,11 @@ class Communicator {
  public:
   using ReducerFactory = std::function<std::unique_ptr<Reducer>(DType, ReduceOp, int world)>;
 
-  // `stream` is null for host memory; it outlives the transport and reducers, which use it.
+  // `stream` is null for host memory; it outlives the transport and reducers, which use it. `hosts`
+  // (host memory only) says which ranks share a host and holds this host's transport, where the
+  // group spans hosts: then Algorithm::Hierarchical runs too.
   Communicator(std::unique_ptr<Transport> transport, ReducerFactory make_reducer,
-               std::unique_ptr<StreamContext> stream = nullptr);
+               std::unique_ptr<StreamContext> stream = nullptr, std::unique_ptr<HostTier> hosts = nullptr);
 
   int rank() const { return transport_->rank(); }
   int size() const { return transport_->size(); }
@@ -66,6 +69,10 @@ class Communicator {
   // keeps a reduce-scatter's working buffer here).
   std::shared_ptr<void>& caller_state() { return caller_state_; }
   StreamContext* stream_context() const { return stream_.get(); }
+  // Which ranks share a host, where the group spans hosts; else null.
+  const HostLayout* host_layout() const { return hosts_ ? &hosts_->layout : nullptr; }
+  // Whether Algorithm::Hierarchical can move fewer bytes across hosts than a flat algorithm here.
+  bool has_hierarchy() const { return hosts_ && hosts_->layout.has_hierarchy(); }
 
   // Runs one collective on the calling thread; call it from a job of executor(). After a failure
   // the transport is aborted, every rank raises the same error, and every later call raises it again.
@@ -100,6 +107,7 @@ class Communicator {
   // before the transport, so it outlives it and writes its file last.
   std::unique_ptr<TraceRecorder> trace_;
   std::unique_ptr<Transport> transport_;
+  std::unique_ptr<HostTier> hosts_;
   ReducerFactory make_reducer_;
   // Reducers made so far, by dtype and op: a call reuses them instead of allocating.
   std::unique_ptr<Reducer> reducers_[kDTypeCount][kReduceOpCount];

@@ -211,6 +211,15 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
       .def_property_readonly("transport", &Communicator::transport_name)
+      .def_property_readonly(
+          "hosts",
+          [](const Communicator& communicator) -> py::object {
+            const HostLayout* layout = communicator.host_layout();
+            return layout == nullptr ? py::none() : py::cast(layout->describe());
+          },
+          "Which ranks share a host (\"2 hosts x 2 ranks\"), where the group spans hosts; else None.")
+      .def_property_readonly("has_hierarchy", &Communicator::has_hierarchy,
+                             "Whether algorithm 'hierarchical' runs here (several hosts, several ranks on some).")
       .def(
           "auto_choices",
           [](Communicator& communicator) {
@@ -244,13 +253,41 @@ PYBIND11_MODULE(_C, m) {
 
   m.def(
       "pg_communicator",
-      [](c10d::Backend& backend, c10d::Store& store, double timeout_s) {
+      [](c10d::Backend& backend, c10d::Store& store, double timeout_s, const std::vector<int>& hosts) {
         auto owned = c10::intrusive_ptr<c10d::Backend>::reclaim_copy(&backend);
+        const int rank = owned->getRank();
+        std::unique_ptr<HostTier> tier;
+        if (!hosts.empty()) {
+          HostLayout layout(hosts);
+          if (layout.world() != owned->getSize()) {
+            throw std::invalid_argument(ringreduce::detail::concat("ringreduce: a host layout of ", layout.world(),
+                                                       " ranks for a group of ", owned->getSize()));
+          }
+          if (layout.hosts() > 1) tier = std::make_unique<HostTier>(HostTier{std::move(layout), nullptr});
+        }
+        if (tier) {
+          // This host's ranks meet in shared memory, under keys of their own host.
+          const int host = tier->layout.host_of(rank);
+          const std::vector<int>& here = tier->layout.ranks_of(host);
+          if (here.size() > 1) {
+            StoreRendezvous keys(store);
+            PrefixRendezvous host_keys(keys, ringreduce::detail::concat("host", host, "/"));
+            tier->neighbours = std::make_unique<ShmTransport>(host_keys, tier->layout.local_of(rank),
+                                                              static_cast<int>(here.size()), to_millis(timeout_s));
+          }
+        }
         return make_communicator(std::make_unique<ProcessGroupTransport>(
-            std::move(owned), std::make_unique<StoreRendezvous>(store), to_millis(timeout_s)));
+                                     std::move(owned),
+                                     std::make_unique<BoundedRendezvous>(std::make_shared<StoreRendezvous>(store),
+                                                                         kStoreReplyLimit),
+                                     to_millis(timeout_s)),
+                                 &make_cpu_reducer, nullptr, std::move(tier));
       },
-      py::arg("backend"), py::arg("store"), py::arg("timeout_s"),
-      "A communicator over a torch.distributed backend (e.g. gloo); `store` carries abort notices.");
+      py::arg("backend"), py::arg("store"), py::arg("timeout_s"), py::arg("hosts") = std::vector<int>{},
+      py::call_guard<py::gil_scoped_release>(),
+      "A communicator over a torch.distributed backend (e.g. gloo); `store` carries abort notices. `hosts` (each "
+      "rank's host, as labels) adds shared memory among this host's ranks and the hierarchical all-reduce, where "
+      "the group spans hosts (collective: each host's ranks meet through `store`).");
 
   m.def(
       "shm_communicator",

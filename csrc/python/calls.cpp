@@ -326,6 +326,14 @@ Call all_reduce_call(Communicator& communicator, const at::Tensor& tensor, Reduc
     throw std::invalid_argument("ringreduce: algorithm 'one_shot' runs on host transports only; use 'auto', 'ring' "
                                 "or 'central' on a device (CUDA, or the simulated one)");
   }
+  if (algorithm == Algorithm::Hierarchical && !communicator.has_hierarchy()) {
+    const HostLayout* layout = communicator.host_layout();
+    throw std::invalid_argument(detail::concat(
+        "ringreduce: algorithm 'hierarchical' needs a group whose ranks span several hosts, with several ranks on "
+        "some host; this group's ", communicator.transport_name(), " communicator has ",
+        layout != nullptr ? layout->describe() : "every rank on one host (or no host layout)",
+        ". Use 'auto', 'ring', 'central' or 'one_shot'"));
+  }
   // (auto may try central: its root must be a rank too)
   if ((algorithm == Algorithm::Central || algorithm == Algorithm::Auto) && (root < 0 || root >= communicator.size())) {
     throw std::invalid_argument(detail::concat("ringreduce: central root ", root, " is not a rank of this group (size ",

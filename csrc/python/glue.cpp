@@ -98,9 +98,11 @@ void delete_communicator(Communicator* communicator) {
 
 std::shared_ptr<Communicator> make_communicator(std::unique_ptr<Transport> transport,
                                                Communicator::ReducerFactory make_reducer,
-                                               std::unique_ptr<StreamContext> stream) {
-  return std::shared_ptr<Communicator>(new Communicator(std::move(transport), std::move(make_reducer), std::move(stream)),
-                                       &delete_communicator);
+                                               std::unique_ptr<StreamContext> stream,
+                                               std::unique_ptr<HostTier> hosts) {
+  return std::shared_ptr<Communicator>(
+      new Communicator(std::move(transport), std::move(make_reducer), std::move(stream), std::move(hosts)),
+      &delete_communicator);
 }
 
 #if defined(RINGREDUCE_WITH_SIM)

@@ -75,7 +75,8 @@ void delete_without_gil(T* object) {
 // completion runs Python callbacks), and never on its own worker. Host reducers unless told otherwise; `stream` for GPU ones.
 std::shared_ptr<Communicator> make_communicator(std::unique_ptr<Transport> transport,
                                                Communicator::ReducerFactory make_reducer = &make_cpu_reducer,
-                                               std::unique_ptr<StreamContext> stream = nullptr);
+                                               std::unique_ptr<StreamContext> stream = nullptr,
+                                               std::unique_ptr<HostTier> hosts = nullptr);
 
 #if defined(RINGREDUCE_WITH_SIM)
 // A communicator on `device` of `api` (a GPU, or the simulated device): its streams (one per

@@ -65,10 +65,16 @@ void ProcessGroupTransport::wait_work(Pending& pending) {
     pending.work->wait(timeout_);
   } catch (const std::exception& error) {
     // A peer that aborted closed its connections: report its notice, the same on every rank.
-    if (const std::optional<AbortNotice> notice = published_abort(*notices_)) notice->raise();
+    std::string store_note;
+    try {
+      if (const std::optional<AbortNotice> notice = published_abort(*notices_)) notice->raise();
+    } catch (const StoreUnreachable& unreachable) {
+      store_unreachable_ = true;
+      store_note = detail::concat("; ", unreachable.what());
+    }
     throw std::runtime_error(detail::concat("ringreduce: rank ", rank_, pending.is_send ? " sending to" : " receiving from",
                                             " rank ", pending.peer, " over ", backend_->getBackendName(),
-                                            " failed (timeout ", timeout_.count(), " ms): ", error.what()));
+                                            " failed (timeout ", timeout_.count(), " ms): ", error.what(), store_note));
   }
 }
 
@@ -81,7 +87,12 @@ void ProcessGroupTransport::wait_transfer(Request request) {
 }
 
 AbortNotice ProcessGroupTransport::abort_transfers(const AbortNotice& notice) {
-  const AbortNotice first = publish_abort(*notices_, notice);
+  // The peers that can reach the store learn of the failure from their own links where this rank cannot.
+  AbortNotice first = notice;
+  try {
+    if (!store_unreachable_) first = publish_abort(*notices_, notice);
+  } catch (const StoreUnreachable&) {
+  }
   for (auto& entry : pending_) entry.second.work->abort();
   pending_.clear();
   // Dropping the backend closes its connections, so peers waiting on us fail now, not at timeout.

@@ -1,0 +1,50 @@
+// Collectives for a group whose ranks span hosts, built from the pieces a single level uses: the
+// ring's halves inside each host (shared memory), and the ring across hosts (the transport that
+// spans them), one rank of each host per ring.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "algorithms/schedule.h"
+#include "core/reducer.h"
+#include "core/transport.h"
+#include "hierarchy/host_layout.h"
+
+namespace ringreduce {
+
+// What a communicator whose group spans several hosts holds beside the transport that spans them.
+struct HostTier {
+  HostLayout layout;
+  // This host's ranks, in layout order (rank i is ranks_of(host)[i]); null when the rank is alone on its host.
+  std::unique_ptr<Transport> neighbours;
+};
+
+// Blocks a large buffer goes through the stages in: the link works on one block while this host
+// reduces the next and gathers the previous one. At 64 MiB on 2 emulated hosts x 2 ranks (2 Gbit/s
+// links, 512 KiB segments) the host stages took 14-25 ms each around the crossing when run one after
+// the other, 321 ms in all; 16 MiB blocks gave 305 ms, 4 MiB blocks 295 (benchmarks/RESULTS.md).
+constexpr std::size_t kHierarchicalBlockBytes = 4 << 20;
+
+// The default segment of the rings across hosts. Smaller than the pg transport's own 4 MiB: each
+// ring there has only H ranks, and each segment's reduction and forward wait for its whole
+// arrival, so large segments leave the link idle in between. At 64 MiB on 2 emulated hosts x 2 ranks
+// (2 Gbit/s) the hierarchical all-reduce took 337-396 ms with 2-4 MiB segments, 311 with 1 MiB and
+// 300-303 with 256-512 KiB (benchmarks/RESULTS.md).
+constexpr std::size_t kHierarchicalSegmentBytes = 512 << 10;
+
+// The blocks of an all-reduce of `numel` elements (one, possibly empty, at least).
+std::vector<Span> hierarchical_blocks(std::size_t numel, std::size_t elem_size);
+
+// Hierarchical all-reduce (as Horovod's and Open MPI HAN's): the buffer is cut into one shard per
+// rank of the widest host. Each host reduce-scatters the shards among its ranks, each rank then
+// all-reduces its shards with the ranks that hold the same shards on the other hosts, one ring per
+// shard, and each host all-gathers the results. Each host's link carries 2(H-1)/H of the buffer
+// for H hosts, against 2(N-1)/N in a flat ring of N ranks, and every rank of a host brings its own
+// flow across. Every element is reduced by one rank at each level and copied to the others, so
+// every rank ends with the same bits. Large buffers are pipelined in blocks (kHierarchicalBlockBytes).
+void hierarchical_all_reduce(Transport& across, HostTier& tier, const Reducer& reducer, void* data, std::size_t numel,
+                             std::size_t segment_bytes, std::size_t lanes);
+
+}  // namespace ringreduce

@@ -1,0 +1,42 @@
+// Which ranks of a group share a host: the map the hierarchical collectives follow. Every rank
+// builds it from the same list (each rank's host, agreed through the group's store), so every rank
+// holds the same layout.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace ringreduce {
+
+class HostLayout {
+ public:
+  // `host_of_rank[r]` is any label of rank r's host; equal labels mean one host. Hosts are numbered
+  // by their lowest rank, and a host's ranks are taken in rank order, so the layout does not depend
+  // on the labels or on how ranks were placed (contiguous or round-robin).
+  explicit HostLayout(const std::vector<int>& host_of_rank);
+
+  int world() const { return static_cast<int>(host_of_.size()); }
+  int hosts() const { return static_cast<int>(ranks_.size()); }
+  // Host h's ranks, ascending.
+  const std::vector<int>& ranks_of(int host) const { return ranks_[host]; }
+  int host_of(int rank) const { return host_of_[rank]; }
+  // Rank r's place among its host's ranks.
+  int local_of(int rank) const { return local_of_[rank]; }
+  // The most ranks any host has: the number of shards a hierarchical collective cuts the buffer into.
+  int widest() const { return widest_; }
+  // Whether a hierarchical collective can move fewer bytes across hosts than a flat one: several
+  // hosts, and at least one with several ranks.
+  bool has_hierarchy() const { return hosts() > 1 && widest_ > 1; }
+  // Which rank of `host` carries shard `shard` across hosts (ranks of a smaller host take several).
+  int shard_owner(int host, int shard) const;
+  // "2 hosts x 2 ranks", or "3 hosts (2+1+2 ranks)" when they differ.
+  std::string describe() const;
+
+ private:
+  std::vector<std::vector<int>> ranks_;
+  std::vector<int> host_of_;
+  std::vector<int> local_of_;
+  int widest_ = 0;
+};
+
+}  // namespace ringreduce

@@ -1,0 +1,130 @@
+"""The hierarchical all-reduce on groups that span hosts. Each process names its host with
+RINGREDUCE_HOST_NAME, so one machine holds several "hosts": ranks of one name meet in shared memory,
+the hosts through gloo. (tests/test_emulated_hosts.py runs real network namespaces.)"""
+
+import functools
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import ringreduce
+from multiproc import run_ranks
+from reference import ALL_DTYPES, R, exact_inputs, ops_for, reference
+
+# Host names by rank: two hosts of two; hosts of 2, 1 and 2 ranks; ranks placed round-robin.
+LAYOUTS = {
+    "2x2": "aabb",
+    "2+1+2": "aabcc",
+    "interleaved": "abab",
+}
+DESCRIBED = {"2x2": "2 hosts x 2 ranks", "2+1+2": "3 hosts (2+1+2 ranks)", "interleaved": "2 hosts x 2 ranks"}
+
+
+def _host_env(layout, extra, rank):
+    return {"RINGREDUCE_HOST_NAME": f"host-{layout[rank]}", **extra}
+
+
+def _hosts(layout, **extra):
+    """Each rank's environment: its host's name (and `extra`)."""
+    return functools.partial(_host_env, layout, extra)
+
+
+def _every_dtype_and_op(rank, world):
+    checks = 0
+    for algorithm in ("hierarchical", "auto"):  # (flat ones on pg: tests/test_processes.py)
+        for numel in sorted({0, 1, world - 1, world + 1, 99_991}):
+            for dtype in ALL_DTYPES:
+                for op in ops_for(dtype):
+                    inputs = exact_inputs(world, numel, dtype, op)
+                    mine = inputs[rank].clone()
+                    ringreduce.all_reduce(mine, op, algorithm=algorithm, segment_bytes=8192)
+                    assert torch.equal(mine, reference(inputs, op)), f"{algorithm} numel={numel} {dtype} {op}"
+                    checks += 1
+    comm = ringreduce._groups.group_state(None).communicators
+    (transport, _), = comm
+    return checks, transport, next(iter(comm.values())).hosts
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_every_dtype_and_op_is_exact_on_every_layout(layout):
+    outcomes = run_ranks(len(LAYOUTS[layout]), _every_dtype_and_op, env=_hosts(LAYOUTS[layout]))
+    assert {o[0] for o in outcomes} == {outcomes[0][0]} and outcomes[0][0] > 0
+    assert {o[1:] for o in outcomes} == {("pg", DESCRIBED[layout])}
+
+
+def _random_floats(rank, world):
+    """This rank's bits of each algorithm on random floats, each checked against the float64 sum:
+    3 Mi floats cut into shards of several shared-memory segments; 300,007 in many segments across."""
+    digests = {}
+    for numel, segment_bytes in ((3 << 20, None), (300_007, 4096)):
+        gen = torch.Generator().manual_seed(1000 + rank)
+        data = torch.randn(numel, generator=gen)
+        everyone = [torch.empty_like(data) for _ in range(world)]
+        dist.all_gather(everyone, data)
+        exact = torch.stack([t.double() for t in everyone]).sum(0)
+        for algorithm in ("hierarchical", "ring", "central"):
+            mine = data.clone()
+            ringreduce.all_reduce(mine, algorithm=algorithm, segment_bytes=segment_bytes)
+            torch.testing.assert_close(mine.double(), exact, rtol=1e-5, atol=1e-5)
+            digests[algorithm, numel] = mine.view(torch.int32).double().sum().item()
+    # Async calls in flight together complete in issue order with their own results.
+    tensors = [torch.full((4097 + i,), float(rank + i)) for i in range(6)]
+    works = [ringreduce.all_reduce(t, algorithm="hierarchical", async_op=True) for t in tensors]
+    for i, work in enumerate(works):
+        work.wait()
+        assert torch.equal(tensors[i], torch.full((4097 + i,), float(sum(r + i for r in range(world)))))
+    return digests
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_random_floats_are_bitwise_identical_on_every_rank(layout):
+    digests = run_ranks(len(LAYOUTS[layout]), _random_floats, env=_hosts(LAYOUTS[layout]))
+    assert all(d == digests[0] for d in digests), f"ranks hold different bits: {digests}"
+
+
+def _one_rank_per_host(rank, world):
+    comm_tensor = torch.arange(10.0) + rank
+    before = comm_tensor.clone()
+    with pytest.raises(ValueError, match="'hierarchical' needs a group whose ranks span several hosts, with several "
+                                         "ranks on some host; this group's pg communicator has 3 hosts x 1 rank"):
+        ringreduce.all_reduce(comm_tensor, algorithm="hierarchical")
+    assert torch.equal(comm_tensor, before), "a refused call must leave the tensor alone"
+    ringreduce.all_reduce(comm_tensor)  # auto: the flat algorithms only
+    return comm_tensor.tolist()
+
+
+def test_hierarchical_is_refused_where_it_cannot_help_and_auto_runs_flat():
+    results = run_ranks(3, _one_rank_per_host, env=_hosts("abc"))
+    assert all(r == [3.0 * i + 3.0 for i in range(10)] for r in results)
+
+
+def _single_host_refusal(rank, world):
+    tensor = torch.ones(5)
+    with pytest.raises(ValueError, match="every rank on one host"):
+        ringreduce.all_reduce(tensor, algorithm="hierarchical", transport="pg")
+    assert torch.equal(tensor, torch.ones(5))
+    return True
+
+
+def test_hierarchical_is_refused_on_one_host():
+    assert run_ranks(2, _single_host_refusal) == [True, True]
+
+
+def _backend_collectives(rank, world):
+    """The backend under RINGREDUCE_ALGORITHM=hierarchical: what torch's calls reach."""
+    outcomes = []
+    for numel in (1, 1000, 1 << 20):
+        for op in (R.SUM, R.AVG, R.MAX):
+            inputs = exact_inputs(world, numel, torch.float32, op)
+            mine = inputs[rank].clone()
+            dist.all_reduce(mine, op)
+            outcomes.append(torch.equal(mine, reference(inputs, op)))
+    return outcomes
+
+
+def test_the_backend_runs_hierarchical_across_hosts():
+    layout = LAYOUTS["2+1+2"]
+    results = run_ranks(len(layout), _backend_collectives, backend="ringreduce",
+                        env=_hosts(layout, RINGREDUCE_ALGORITHM="hierarchical"))
+    assert all(all(r) for r in results) and len(results[0]) == 9
