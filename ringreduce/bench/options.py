@@ -102,6 +102,11 @@ def parse_args(argv=None):
     parser.add_argument("--no-mpi", action="store_true", help="skip the OpenMPI rows even when mpi4py is present")
     parser.add_argument("--gpu", choices=("auto", "off", "only"), default="auto",
                         help="GPU rows: NCCL across processes with a GPU each, else virtual ranks on one GPU")
+    parser.add_argument("--hosts", metavar="LAYOUT",
+                        help="run on emulated hosts instead (root; e.g. 2x2, or 2+1+2 ranks per host): gloo, the "
+                             "flat ring, hierarchical and auto across hosts, beside the links' bounds (sizes as above; "
+                             "its own trials and time per row, ringreduce/bench/across_hosts.py)")
+    parser.add_argument("--link", default="2gbit", help="with --hosts: each host's link rate, in tc's words")
     parser.add_argument("--json", metavar="PATH", help="write the records as a JSON list")
     parser.add_argument("--plot", metavar="PATH", help="draw busbw against size (PNG)")
     parser.add_argument("--progress", type=int, choices=(0, 1), default=1, help="progress bar on stderr")

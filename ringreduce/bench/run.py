@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 
 import ringreduce
 from ringreduce import _groups
-from ringreduce.bench import peers, report
+from ringreduce.bench import across_hosts, peers, report
 from ringreduce.bench.inputs import bench_inputs, collective_buffers, collective_expected, expected_result
 from ringreduce.bench.options import DTYPES, HOST_ONLY_ALGORITHMS, NATIVE_ALGORITHM, OPS, parse_args, size_sweep
 from ringreduce.bench.timing import always, nothing, timed_trials
@@ -319,6 +319,9 @@ def launch(args, argv):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
+    if args.hosts:
+        across_hosts.main(args, size_sweep(args))
+        return
     if args.world < 1:
         raise SystemExit("--world must be at least 1")
     result = launch(args, argv)

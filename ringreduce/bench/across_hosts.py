@@ -1,0 +1,127 @@
+"""The benchmark across emulated hosts: `python -m ringreduce.bench --hosts 2x2 --link 2gbit`.
+
+H hosts of k ranks on this machine (ringreduce/bench/hosts.py), each host's link limited to
+--link. Every size times, in one run, trial by trial: torch.distributed's all-reduce on gloo,
+ringreduce's flat ring (every rank on gloo's pairs), the hierarchical all-reduce (shared memory
+inside each host, gloo across) and auto. Beside them, the bounds the link sets: each host's link
+carries 2(N-1)/N of the buffer in a flat ring of N ranks, 2(H-1)/H in a hierarchical one.
+"""
+
+import json
+import re
+import subprocess
+import sys
+
+from ringreduce.bench.hosts import EmulatedHosts, available
+from ringreduce.bench.report import human_bytes
+
+ROWS = ("gloo", "ring", "hierarchical", "auto")
+# Trials per row and the time each row and size gets in all. At 2 Gbit/s a 64 MiB call takes about
+# 0.3-0.5 s, so a trial is one call there: 5 trials keep a sweep of 4 KiB-64 MiB near 2 minutes.
+DEFAULT_TRIALS = 5
+DEFAULT_ROW_SECONDS = 1.0
+# Rendezvous port of the emulated hosts' ranks (inside their own namespaces, so any free port works).
+PORT = 29517
+_RATE = re.compile(r"^(\d+(?:\.\d+)?)(k|m|g)?bit$")
+
+
+def link_bytes_per_second(link: str) -> float:
+    """A tc rate such as "2gbit" in bytes per second."""
+    match = _RATE.match(link.lower())
+    if not match:
+        raise SystemExit(f"--link {link!r}: give a rate in tc's words, e.g. 2gbit or 500mbit")
+    scale = {None: 1, "k": 1e3, "m": 1e6, "g": 1e9}[match.group(2)]
+    return float(match.group(1)) * scale / 8
+
+
+def parse_layout(text: str) -> list:
+    """ "2x2" (hosts x ranks) or "2+1+2" (ranks of each host) -> ranks per host."""
+    if re.fullmatch(r"\d+x\d+", text):
+        hosts, per_host = map(int, text.split("x"))
+        counts = [per_host] * hosts
+    elif re.fullmatch(r"\d+(\+\d+)*", text):
+        counts = [int(c) for c in text.split("+")]
+    else:
+        raise SystemExit(f"--hosts {text!r}: give HOSTSxRANKS (2x2) or the ranks of each host (2+1+2)")
+    if min(counts) < 1 or len(counts) < 1:
+        raise SystemExit(f"--hosts {text!r}: every host needs at least one rank")
+    return counts
+
+
+def bounds(nbytes, counts, link_Bps):
+    """Seconds the host links need at least: (flat ring, hierarchical)."""
+    hosts, world = len(counts), sum(counts)
+    return 2 * (world - 1) / world * nbytes / link_Bps, 2 * (hosts - 1) / hosts * nbytes / link_Bps
+
+
+def run(counts, link, sizes, trials=DEFAULT_TRIALS, row_seconds=DEFAULT_ROW_SECONDS, rows=ROWS):
+    """The records of one run: per size, each row's median and fastest trial (seconds per call)."""
+    reason = available()
+    if reason:
+        raise SystemExit(f"--hosts: {reason}")
+    placement, next_rank = [], 0
+    for count in counts:
+        placement.append(list(range(next_rank, next_rank + count)))
+        next_rank += count
+    options = json.dumps({"sizes": sizes, "trials": trials, "row_seconds": row_seconds, "rows": list(rows)})
+    with EmulatedHosts(len(counts), link=link) as hosts:
+        procs = hosts.launch([sys.executable, "-m", "ringreduce.bench.hosts_rank", options], placement, port=PORT,
+                             stdout=subprocess.PIPE, text=True)
+        records = [json.loads(line) for line in procs[0].stdout]
+        failed = [rank for rank, proc in enumerate(procs) if proc.wait() != 0]
+        if failed:
+            raise SystemExit(f"ranks {failed} of the emulated hosts failed (their errors are above)")
+    link_Bps = link_bytes_per_second(link)
+    for record in records:
+        record["flat_bound_s"], record["hierarchical_bound_s"] = bounds(record["bytes"], counts, link_Bps)
+    return records
+
+
+def print_table(records, counts, link, out=sys.stdout):
+    rows = list(records[0]["rows"])
+    out.write(f"# {len(counts)} emulated hosts ({'+'.join(map(str, counts))} ranks), links of {link} each way; "
+              "all_reduce float32 SUM, median trial (fastest) in ms per call\n")
+    out.write(f"{'size':>8} " + "".join(f"{name:>22}" for name in rows)
+              + f"{'flat bound':>12}{'hier. bound':>12}{'best/gloo':>10}\n")
+    for record in records:
+        cells = "".join(f"{r['median_s'] * 1e3:>13.2f} ({r['fastest_s'] * 1e3:>6.2f})" for r in record["rows"].values())
+        ours = min(v["median_s"] for k, v in record["rows"].items() if k != "gloo")
+        speedup = record["rows"]["gloo"]["median_s"] / ours if "gloo" in record["rows"] else float("nan")
+        out.write(f"{human_bytes(record['bytes']):>8} {cells}{record['flat_bound_s'] * 1e3:>12.2f}"
+                  f"{record['hierarchical_bound_s'] * 1e3:>12.2f}{speedup:>9.2f}x\n")
+    if "auto" in rows:
+        out.write("auto ran: " + ", ".join(f"{human_bytes(r['bytes'])} {r['rows']['auto'].get('ran')}"
+                                           for r in records) + "\n")
+
+
+def plot(records, counts, link, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = [r["bytes"] for r in records]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name in records[0]["rows"]:
+        ax.plot(sizes, [r["rows"][name]["median_s"] * 1e3 for r in records], marker="o", label=name)
+    ax.plot(sizes, [r["flat_bound_s"] * 1e3 for r in records], "k--", label="flat ring's bound")
+    ax.plot(sizes, [r["hierarchical_bound_s"] * 1e3 for r in records], "k:", label="hierarchical bound")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("bytes")
+    ax.set_ylabel("ms per all-reduce (median trial)")
+    ax.set_title(f"{len(counts)} emulated hosts ({'+'.join(map(str, counts))} ranks), {link} links")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main(args, sizes):
+    counts = parse_layout(args.hosts)
+    records = run(counts, args.link, sizes)
+    print_table(records, counts, args.link)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"hosts": counts, "link": args.link, "records": records}, f, indent=1)
+    if args.plot:
+        plot(records, counts, args.link, args.plot)

@@ -1,0 +1,100 @@
+"""One rank on an emulated host (tests/test_emulated_hosts.py), joined through env:// (RANK,
+WORLD_SIZE, MASTER_ADDR, MASTER_PORT, or torchrun's). It prints one line of JSON: what it saw.
+
+    hosts_worker.py check     every collective against a float64 reference, and each rank's bits
+    hosts_worker.py backend   dist.* calls on init_process_group("ringreduce")
+    hosts_worker.py fault     a 64 MiB hierarchical all-reduce while the test cuts a link or kills a host
+"""
+
+import datetime
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import ringreduce
+from reference import R, exact_inputs, reference
+
+# A short group timeout for the fault runs: survivors must raise within it (plus a margin).
+FAULT_TIMEOUT_S = 10
+
+
+def check(rank, world):
+    dist.init_process_group("gloo")
+    checks = 0
+    for algorithm in ("hierarchical", "ring", "auto"):
+        for numel in (1, 99_991, 1 << 20):
+            for dtype, op in ((torch.float32, R.SUM), (torch.float32, R.AVG), (torch.bfloat16, R.SUM),
+                              (torch.int64, R.MAX)):
+                inputs = exact_inputs(world, numel, dtype, op)
+                mine = inputs[rank].clone()
+                ringreduce.all_reduce(mine, op, algorithm=algorithm)
+                assert torch.equal(mine, reference(inputs, op)), f"{algorithm} {numel} {dtype} {op}"
+                checks += 1
+    gen = torch.Generator().manual_seed(rank)
+    data = torch.randn(1 << 20, generator=gen)
+    everyone = [torch.empty_like(data) for _ in range(world)]
+    dist.all_gather(everyone, data)
+    exact = torch.stack([t.double() for t in everyone]).sum(0)
+    bits = {}
+    for algorithm in ("hierarchical", "ring"):
+        mine = data.clone()
+        ringreduce.all_reduce(mine, algorithm=algorithm)
+        torch.testing.assert_close(mine.double(), exact, rtol=1e-5, atol=1e-5)
+        bits[algorithm] = mine.view(torch.int32).double().sum().item()
+    # The ring's halves and the broadcast across hosts.
+    chunk = 10_007
+    inputs = exact_inputs(world, chunk * world, torch.float32, R.SUM)
+    out = torch.empty(chunk)
+    ringreduce.reduce_scatter_tensor(out, inputs[rank])
+    assert torch.equal(out, reference(inputs, R.SUM)[rank * chunk:(rank + 1) * chunk])
+    gathered = torch.empty(chunk * world)
+    ringreduce.all_gather_into_tensor(gathered, torch.full((chunk,), float(rank)))
+    assert torch.equal(gathered, torch.arange(world).float().repeat_interleave(chunk))
+    sent = torch.arange(5000.0) if rank == world - 1 else torch.zeros(5000)
+    ringreduce.broadcast(sent, src=world - 1)
+    assert torch.equal(sent, torch.arange(5000.0))
+    comm = next(iter(ringreduce._groups.group_state(None).communicators.values()))
+    return {"checks": checks, "bits": bits, "hosts": comm.hosts, "transport": comm.transport}
+
+
+def backend(rank, world):
+    dist.init_process_group("ringreduce")
+    results = []
+    for numel in (3, 1 << 20):
+        for op in (R.SUM, R.AVG):
+            inputs = exact_inputs(world, numel, torch.float32, op)
+            mine = inputs[rank].clone()
+            dist.all_reduce(mine, op)
+            results.append(torch.equal(mine, reference(inputs, op)))
+    return {"ok": results, "local_rank": int(os.environ["LOCAL_RANK"])}
+
+
+def fault(rank, world):
+    """Reduces 64 MiB until the group fails; says how long after the test's fault it raised."""
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=FAULT_TIMEOUT_S))
+    data = torch.ones(16 << 20)
+    ringreduce.all_reduce(data, algorithm="hierarchical")  # one whole call before the fault
+    print(json.dumps({"ready": rank}), flush=True)
+    try:
+        while True:
+            ringreduce.all_reduce(data, algorithm="hierarchical")
+            data.fill_(1.0)
+    except RuntimeError as error:
+        return {"raised_at": time.time(), "error": str(error)[:2000]}
+
+
+def main():
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    outcome = {"check": check, "backend": backend, "fault": fault}[sys.argv[1]](rank, world)
+    print(json.dumps({"rank": rank, **outcome}), flush=True)
+    if sys.argv[1] == "fault":
+        os._exit(0)  # the group is broken and rank 0's store may be gone: no teardown to wait for
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

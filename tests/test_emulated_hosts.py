@@ -1,0 +1,147 @@
+"""Ranks on emulated hosts (ringreduce/bench/hosts.py): network namespaces with their own hostname
+and /dev/shm, joined by rate-limited links. What a job on several real hosts meets: host detection
+through the store, shared memory inside each host, gloo across, a link that goes down, a host that dies."""
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from ringreduce.bench import hosts as emulated
+
+pytestmark = pytest.mark.skipif(emulated.available() is not None, reason=str(emulated.available()))
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
+WORKER = [sys.executable, os.path.join(TESTS, "hosts_worker.py")]
+ENV = {"PYTHONPATH": TESTS}
+# Placements by name: ranks of each host.
+PLACEMENTS = {"2x2": [[0, 1], [2, 3]], "2+1+2": [[0, 1], [2], [3, 4]], "interleaved": [[0, 2], [1, 3]]}
+DESCRIBED = {"2x2": "2 hosts x 2 ranks", "2+1+2": "3 hosts (2+1+2 ranks)", "interleaved": "2 hosts x 2 ranks"}
+# A whole launch (start, rendezvous, the checks) on 2 cores shared by every rank.
+LAUNCH_TIMEOUT_S = 180
+# Survivors must raise within the group's timeout plus this (issue: timeout + 5 s).
+FAULT_MARGIN_S = 5
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind():
+    yield
+    mine = [name for name in emulated.leftovers() if name.startswith(f"rr{os.getpid():x}")]
+    assert not mine, f"emulated hosts left behind: {mine}"
+
+
+def _json_lines(text):
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def _finish(procs):
+    """Each process's JSON lines, after it exited 0 (else its stderr is the failure)."""
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
+        assert proc.returncode == 0, f"exit {proc.returncode}:\n{err[-3000:]}"
+        results += _json_lines(out)
+    return results
+
+
+@pytest.mark.parametrize("placement", sorted(PLACEMENTS))
+def test_every_collective_is_exact_and_bitwise_identical_across_hosts(placement):
+    with emulated.EmulatedHosts(len(PLACEMENTS[placement])) as hosts:
+        procs = hosts.launch([*WORKER, "check"], PLACEMENTS[placement], env=ENV, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        results = _finish(procs)
+    assert sorted(r["rank"] for r in results) == list(range(len(results)))
+    assert {(r["hosts"], r["transport"], r["checks"]) for r in results} == {(DESCRIBED[placement], "pg", 36)}
+    assert all(r["bits"] == results[0]["bits"] for r in results), "ranks hold different bits"
+
+
+def test_the_backend_under_torchrun_on_each_host():
+    with emulated.EmulatedHosts(2) as hosts:
+        procs = hosts.torchrun([os.path.join(TESTS, "hosts_worker.py"), "backend"], per_host=2, env=ENV,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        results = _finish(procs)
+    assert sorted(r["rank"] for r in results) == [0, 1, 2, 3]
+    assert all(all(r["ok"]) and len(r["ok"]) == 4 for r in results)
+    assert sorted(r["local_rank"] for r in results) == [0, 0, 1, 1]
+
+
+def _losses(text):
+    return [line.split("loss")[1].split()[0] for line in text.splitlines() if line.startswith("epoch")]
+
+
+def test_ddp_on_ringreduce_across_hosts_gives_the_losses_of_gloo():
+    train = [sys.executable, os.path.join(ROOT, "examples", "train_ddp.py"), "--hook", "builtin", "--epochs", "2",
+             "--samples", "4096"]
+    losses = {}
+    for backend in ("gloo", "ringreduce"):
+        with emulated.EmulatedHosts(2) as hosts:
+            procs = hosts.launch([*train, "--backend", backend], PLACEMENTS["2x2"], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+            outputs = []
+            for proc in procs:
+                out, err = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
+                assert proc.returncode == 0, f"{backend}: exit {proc.returncode}:\n{err[-3000:]}"
+                outputs.append(out)
+        losses[backend] = _losses(outputs[0])
+    assert len(losses["gloo"]) == 2 and losses["ringreduce"] == losses["gloo"]
+
+
+def _reader(proc, lines):
+    for line in proc.stdout:
+        if line.startswith("{"):
+            lines.put(json.loads(line))
+
+
+def _run_fault(make_fault, survivors_of):
+    """Launches 2x2 ranks reducing 64 MiB, makes the fault once all have finished one call, and
+    returns (seconds from the fault to each survivor's error, the errors)."""
+    placement = PLACEMENTS["2x2"]
+    with emulated.EmulatedHosts(2) as hosts:
+        procs = hosts.launch([*WORKER, "fault"], placement, env=ENV, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True)
+        lines = queue.Queue()
+        for proc in procs:
+            threading.Thread(target=_reader, args=(proc, lines), daemon=True).start()
+        ready = set()
+        while len(ready) < len(procs):
+            ready.add(lines.get(timeout=LAUNCH_TIMEOUT_S)["ready"])
+        time.sleep(0.5)  # inside the next 64 MiB call
+        fault_at = time.time()
+        make_fault(hosts)
+        survivors = survivors_of(placement)
+        outcomes = {}
+        deadline = fault_at + FAULT_TIMEOUT_S + FAULT_MARGIN_S + 30  # generous: the assertion below is the bound
+        while set(outcomes) != set(survivors) and time.time() < deadline:
+            try:
+                line = lines.get(timeout=1)
+            except queue.Empty:
+                continue
+            if "raised_at" in line:
+                outcomes[line["rank"]] = line
+        for rank in survivors:
+            assert rank in outcomes, f"rank {rank} did not raise within {deadline - fault_at:.0f} s of the fault"
+            procs[rank].wait(timeout=30)
+    return {r: o["raised_at"] - fault_at for r, o in outcomes.items()}, {r: o["error"] for r, o in outcomes.items()}
+
+
+# The group timeout of the fault runs (tests/hosts_worker.py).
+FAULT_TIMEOUT_S = 10
+
+
+def test_a_link_going_down_makes_every_rank_raise_within_the_timeout():
+    delays, errors = _run_fault(lambda hosts: hosts.set_link(1, up=False), lambda placement: [0, 1, 2, 3])
+    assert max(delays.values()) < FAULT_TIMEOUT_S + FAULT_MARGIN_S, delays
+    # Each names the wait that ran out: its link's, or its neighbour's in shared memory.
+    assert all("Timed out" in e for e in errors.values()), errors
+
+
+def test_a_host_killed_makes_the_other_hosts_ranks_raise_naming_a_lost_rank():
+    delays, errors = _run_fault(lambda hosts: hosts.kill_host(1), lambda placement: placement[0])
+    assert max(delays.values()) < FAULT_TIMEOUT_S + FAULT_MARGIN_S, delays
+    assert all("rank 2" in e or "rank 3" in e for e in errors.values()), errors
