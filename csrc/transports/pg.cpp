@@ -65,13 +65,15 @@ void ProcessGroupTransport::wait_work(Pending& pending) {
     pending.work->wait(timeout_);
   } catch (const std::exception& error) {
     // A peer that aborted closed its connections: report its notice, the same on every rank.
+    std::optional<AbortNotice> notice;
     std::string store_note;
     try {
-      if (const std::optional<AbortNotice> notice = published_abort(*notices_)) notice->raise();
-    } catch (const StoreUnreachable& unreachable) {
+      notice = published_abort(*notices_);
+    } catch (const std::exception& unreachable) {  // no answer in time, or the store's server is gone
       store_unreachable_ = true;
       store_note = detail::concat("; ", unreachable.what());
     }
+    if (notice) notice->raise();
     throw std::runtime_error(detail::concat("ringreduce: rank ", rank_, pending.is_send ? " sending to" : " receiving from",
                                             " rank ", pending.peer, " over ", backend_->getBackendName(),
                                             " failed (timeout ", timeout_.count(), " ms): ", error.what(), store_note));
@@ -91,7 +93,7 @@ AbortNotice ProcessGroupTransport::abort_transfers(const AbortNotice& notice) {
   AbortNotice first = notice;
   try {
     if (!store_unreachable_) first = publish_abort(*notices_, notice);
-  } catch (const StoreUnreachable&) {
+  } catch (const std::exception&) {  // no answer in time, or the store's server is gone
   }
   for (auto& entry : pending_) entry.second.work->abort();
   pending_.clear();

@@ -64,7 +64,7 @@ class ProcessGroupTransport final : public MessageTransport {
 
   c10::intrusive_ptr<c10d::Backend> backend_;
   std::unique_ptr<Rendezvous> notices_;
-  bool store_unreachable_ = false;  // a notice call got no answer in time: the abort does not try again
+  bool store_unreachable_ = false;  // a notice call failed or got no answer in time: the abort does not try again
   const int rank_;
   const int world_;
   std::chrono::milliseconds timeout_;
