@@ -19,7 +19,12 @@ namespace {
 class Stages {
  public:
   Stages(Transport& across, HostTier& tier, const Reducer& reducer, std::size_t segment_bytes, std::size_t lanes)
-      : across_(across), tier_(tier), reducer_(reducer), segment_bytes_(segment_bytes), lanes_(lanes) {}
+      : across_(across),
+        tier_(tier),
+        reducer_(reducer),
+        segment_bytes_(segment_bytes),
+        lanes_(lanes),
+        neighbours_(static_cast<int>(tier.layout.ranks_of(tier.layout.host_of(across.rank())).size())) {}
 
   // Stage 1, inside the host: a reduce-scatter per round of shards leaves this rank with its shards
   // of the block reduced over the host. The elements' last reductions come across hosts.
@@ -35,10 +40,8 @@ class Stages {
   // that share a rank (a smaller host's rank carries several shards) meet in the same order everywhere.
   void reduce_across(char* block, std::size_t numel) {
     const HostLayout& layout = tier_.layout;
-    const int rank = across_.rank();
-    const int neighbours = static_cast<int>(layout.ranks_of(layout.host_of(rank)).size());
     const SegmentLayout by_shard = segment_layout(numel, elem(), layout.widest(), segment_bytes_);
-    for (int shard = layout.local_of(rank); shard < layout.widest(); shard += neighbours) {
+    for (int shard = layout.local_of(across_.rank()); shard < layout.widest(); shard += neighbours_) {
       const Span span = by_shard.chunk(shard);
       if (span.count == 0) continue;  // past the block's end, on every host alike
       std::vector<int> holders;
@@ -59,9 +62,7 @@ class Stages {
   std::size_t elem() const { return reducer_.element_size(); }
   std::size_t within_lanes() const { return std::min(lanes_, tier_.neighbours->max_lanes()); }
   std::vector<ShardRound> rounds(std::size_t numel) const {
-    const HostLayout& layout = tier_.layout;
-    const int neighbours = static_cast<int>(layout.ranks_of(layout.host_of(across_.rank())).size());
-    return shard_rounds(numel, elem(), layout.widest(), neighbours, tier_.neighbours->default_segment_bytes());
+    return shard_rounds(numel, elem(), tier_.layout.widest(), neighbours_, tier_.neighbours->default_segment_bytes());
   }
 
   Transport& across_;
@@ -69,6 +70,7 @@ class Stages {
   const Reducer& reducer_;
   std::size_t segment_bytes_;
   std::size_t lanes_;
+  int neighbours_;  // ranks on this rank's host
 };
 
 // The link thread's side of the pipeline: block b may cross once the host has reduced it, and may
@@ -138,11 +140,9 @@ void hierarchical_all_reduce(Transport& across, HostTier& tier, const Reducer& r
     return;
   }
   if (blocks.size() == 1) {
-    for (const Span& block : blocks) {
-      stages.reduce_within(at(block), block.count);
-      stages.reduce_across(at(block), block.count);
-      stages.gather_within(at(block), block.count);
-    }
+    stages.reduce_within(base, numel);
+    stages.reduce_across(base, numel);
+    stages.gather_within(base, numel);
     return;
   }
 
