@@ -79,8 +79,13 @@ def host_labels(store, rank, size) -> list:
 
 def host_summary(comm) -> str:
     """What a communicator over several hosts runs where, for RINGREDUCE_DEBUG=INFO."""
-    return (f"{comm.hosts}: shared memory inside each host, gloo across"
-            + ("; all-reduce hierarchical or flat" if comm.has_hierarchy else "; all-reduce flat (one rank per host)"))
+    if not comm.has_hierarchy:
+        runs = "all-reduce flat (one rank per host)"
+    elif comm.has_even_hierarchy:
+        runs = "all-reduce hierarchical or flat, reduce-scatter and all-gather hierarchical"
+    else:
+        runs = "all-reduce hierarchical or flat, reduce-scatter and all-gather flat (uneven hosts)"
+    return f"{comm.hosts}: shared memory inside each host, gloo across; {runs}"
 
 
 class _GroupState:

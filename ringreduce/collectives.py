@@ -90,13 +90,17 @@ def _tensor_pair(output, input, name):
 
 
 def reduce_scatter_tensor(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False, *, segment_bytes=None,
-                          transport=None):
+                          transport=None, algorithm="auto"):
     """Reduce ``input`` across the ranks of ``group`` and leave rank r's share in ``output``, like
     ``torch.distributed.reduce_scatter_tensor``: the ring's first half.
 
     ``input`` holds world size times ``output``'s elements (any shapes); rank r receives the
     reduction of every rank's r-th slice. ``input`` is left as it was. Ops, dtypes, ``transport``
     and ``segment_bytes`` as all_reduce. Each rank moves (N-1)/N of ``input``.
+
+    ``algorithm``: ``"ring"``, ``"hierarchical"`` (a group that spans hosts with the same number of
+    ranks on each: shared memory inside each host, then each host's link carries (H-1)/H of
+    ``input`` for H hosts), or ``"auto"`` (the default: hierarchical wherever it runs, else ring).
     """
     _tensor_pair(output, input, "reduce_scatter_tensor")
     code = op_code(op)
@@ -104,20 +108,22 @@ def reduce_scatter_tensor(output, input, op=dist.ReduceOp.SUM, group=None, async
     if _outside(group, "reduce_scatter_tensor"):
         return None
     comm = communicator(group, input, transport, "ring")
-    work = comm.reduce_scatter(output, input, code, check_segment_bytes(segment_bytes), async_op)
+    work = comm.reduce_scatter(output, input, code, algorithm_code(algorithm), check_segment_bytes(segment_bytes),
+                               async_op)
     return work if async_op else None
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False, *, segment_bytes=None,
-                           transport=None):
+                           transport=None, algorithm="auto"):
     """Gather every rank's ``input_tensor`` into ``output_tensor``, rank r's in the r-th slice, like
     ``torch.distributed.all_gather_into_tensor``: the ring's second half. Any dtype; each rank moves
-    (N-1)/N of ``output_tensor``."""
+    (N-1)/N of ``output_tensor``. ``algorithm`` as reduce_scatter_tensor's."""
     _tensor_pair(output_tensor, input_tensor, "all_gather_into_tensor")
     if _outside(group, "all_gather_into_tensor"):
         return None
     comm = communicator(group, input_tensor, transport, "ring")
-    work = comm.all_gather(output_tensor, input_tensor, check_segment_bytes(segment_bytes), async_op)
+    work = comm.all_gather(output_tensor, input_tensor, algorithm_code(algorithm),
+                           check_segment_bytes(segment_bytes), async_op)
     return work if async_op else None
 
 

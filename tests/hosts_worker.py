@@ -45,8 +45,8 @@ def check(rank, world):
         ringreduce.all_reduce(mine, algorithm=algorithm)
         torch.testing.assert_close(mine.double(), exact, rtol=1e-5, atol=1e-5)
         bits[algorithm] = mine.view(torch.int32).double().sum().item()
-    # The ring's halves and the broadcast across hosts.
-    chunk = 10_007
+    # The ring's halves (hierarchical on even placements, in several blocks here) and the broadcast.
+    chunk = (1 << 20) + 3
     inputs = exact_inputs(world, chunk * world, torch.float32, R.SUM)
     out = torch.empty(chunk)
     ringreduce.reduce_scatter_tensor(out, inputs[rank])

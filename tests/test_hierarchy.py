@@ -128,3 +128,95 @@ def test_the_backend_runs_hierarchical_across_hosts():
     results = run_ranks(len(layout), _backend_collectives, backend="ringreduce",
                         env=_hosts(layout, RINGREDUCE_ALGORITHM="hierarchical"))
     assert all(all(r) for r in results) and len(results[0]) == 9
+
+
+def _chunked_algorithm_ran(call):
+    """The algorithm the profiler's range of `call()` names (what ran, auto resolved)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        call()
+    (ran,) = {e.kwinputs["algorithm"] for e in prof.events() if e.name.startswith("ringreduce:")}
+    return ran
+
+
+def _chunked_every_dtype_and_op(rank, world, algorithms):
+    """Reduce-scatter and all-gather of exact inputs against the float64 (int64) reference, with a
+    contiguous input (read where it is) and a strided one (copied first), ragged chunk sizes."""
+    checks = 0
+    for algorithm in algorithms:
+        for chunk in (0, 1, 3, 10_007):
+            for dtype in ALL_DTYPES:
+                for op in ops_for(dtype):
+                    inputs = exact_inputs(world, chunk * world, dtype, op)
+                    expected = reference(inputs, op)[rank * chunk:(rank + 1) * chunk]
+                    mine = inputs[rank].clone()
+                    output = torch.full((chunk,), 7, dtype=dtype)
+                    ringreduce.reduce_scatter_tensor(output, mine, op, algorithm=algorithm, segment_bytes=4096)
+                    assert torch.equal(output, expected), f"{algorithm} chunk={chunk} {dtype} {op}"
+                    assert torch.equal(mine, inputs[rank]), "the input must be left as it was"
+                    strided = torch.stack([mine, mine]).t()[:, 0]
+                    ringreduce.reduce_scatter_tensor(output, strided, op, algorithm=algorithm)
+                    assert torch.equal(output, expected), f"{algorithm} strided chunk={chunk} {dtype} {op}"
+                    checks += 1
+                gathered = torch.zeros(chunk * world, dtype=dtype)
+                ringreduce.all_gather_into_tensor(gathered, inputs[rank][:chunk], algorithm=algorithm,
+                                                  segment_bytes=4096)
+                assert torch.equal(gathered, torch.cat([t[:chunk] for t in inputs])), f"{algorithm} {chunk} {dtype}"
+        # Dtypes moved as bytes (bool, complex) go through the same path.
+        flags = torch.tensor([rank % 2 == 0, True, False])
+        everyone = torch.empty(3 * world, dtype=torch.bool)
+        ringreduce.all_gather_into_tensor(everyone, flags, algorithm=algorithm)
+        assert everyone.tolist() == [v for r in range(world) for v in (r % 2 == 0, True, False)]
+    piece = torch.ones(world * 5)
+    ran = _chunked_algorithm_ran(lambda: ringreduce.reduce_scatter_tensor(torch.empty(5), piece))
+    ran_gather = _chunked_algorithm_ran(lambda: ringreduce.all_gather_into_tensor(piece, torch.ones(5)))
+    (comm,) = ringreduce._groups.group_state(None).communicators.values()
+    return checks, ran, ran_gather, ringreduce._groups.host_summary(comm).split("; ")[-1]
+
+
+@pytest.mark.parametrize("layout, algorithms", [("2x2", ("hierarchical", "ring")), ("interleaved", ("hierarchical",))])
+def test_reduce_scatter_and_all_gather_are_exact_and_hierarchical_on_even_layouts(layout, algorithms):
+    outcomes = run_ranks(len(LAYOUTS[layout]), _chunked_every_dtype_and_op, algorithms, env=_hosts(LAYOUTS[layout]))
+    assert {o[0] for o in outcomes} == {outcomes[0][0]} and outcomes[0][0] > 0
+    assert {o[1:] for o in outcomes} == {("hierarchical", "hierarchical", "all-reduce hierarchical or flat, "
+                                          "reduce-scatter and all-gather hierarchical")}, "auto: hierarchical here"
+
+
+def _uneven_chunked(rank, world):
+    mine = torch.arange(world * 4.0) + rank
+    output = torch.full((4,), -1.0)
+    with pytest.raises(ValueError, match=r"reduce_scatter_tensor: algorithm 'hierarchical' needs a group whose ranks "
+                                         r"span several hosts, the same number \(2 or more\) on each; this group's pg "
+                                         r"communicator has 3 hosts \(2\+1\+2 ranks\)"):
+        ringreduce.reduce_scatter_tensor(output, mine, algorithm="hierarchical")
+    with pytest.raises(ValueError, match="algorithm 'central' does not run here"):
+        ringreduce.all_gather_into_tensor(mine, output, algorithm="central")
+    assert torch.equal(output, torch.full((4,), -1.0)) and torch.equal(mine, torch.arange(world * 4.0) + rank)
+    return _chunked_every_dtype_and_op(rank, world, ("auto",))
+
+
+def test_uneven_layouts_refuse_hierarchical_chunks_and_auto_runs_the_ring():
+    outcomes = run_ranks(5, _uneven_chunked, env=_hosts(LAYOUTS["2+1+2"]))
+    assert {o[1:] for o in outcomes} == {("ring", "ring", "all-reduce hierarchical or flat, reduce-scatter and "
+                                          "all-gather flat (uneven hosts)")} and outcomes[0][0] > 0
+
+
+def _floats_through_the_backend(rank, world):
+    """What FSDP and ZeRO call, through init_process_group("ringreduce"), on random floats: every
+    rank's share against the float64 sum, and the gathered pieces bitwise."""
+    gen = torch.Generator().manual_seed(rank)
+    data = torch.randn(world * 300_007, generator=gen)
+    everyone = [torch.empty_like(data) for _ in range(world)]
+    dist.all_gather(everyone, data)
+    exact = torch.stack([t.double() for t in everyone]).sum(0).chunk(world)[rank]
+    share = torch.empty(300_007)
+    dist.reduce_scatter_tensor(share, data)
+    torch.testing.assert_close(share.double(), exact, rtol=1e-5, atol=1e-5)
+    gathered = torch.empty(world * 300_007)
+    dist.all_gather_into_tensor(gathered, share)
+    return gathered.view(torch.int32).double().sum().item()
+
+
+def test_the_backends_reduce_scatter_and_all_gather_across_hosts():
+    layout = LAYOUTS["2x2"]
+    digests = run_ranks(len(layout), _floats_through_the_backend, backend="ringreduce", env=_hosts(layout))
+    assert len(set(digests)) == 1

@@ -8,13 +8,18 @@
 
 namespace ringreduce {
 
-// The all-reduce algorithms. Auto is never run: the communicator resolves it to one of the others
-// (engine/auto_choice.h) before the header is made.
-// Hierarchical runs only on a group that spans hosts (csrc/hierarchy/).
+// The all-reduce algorithms; a reduce-scatter or all-gather runs Ring or Hierarchical. Auto is never
+// run: the communicator resolves it to one of the others (engine/auto_choice.h) before the header
+// is made. Hierarchical runs only on a group that spans hosts (csrc/hierarchy/).
 enum class Algorithm : int { Ring, Central, OneShot, Hierarchical, Auto };
 
 // The collectives the engine runs.
 enum class Collective : int { AllReduce, ReduceScatter, AllGather, Broadcast, Reduce };
+
+// The ring's halves: `world` chunks, one per rank.
+inline bool is_chunked(Collective collective) {
+  return collective == Collective::ReduceScatter || collective == Collective::AllGather;
+}
 
 // What every rank must agree on for one collective. It travels with the first message to each
 // peer (in a slot header, a message descriptor, or a small message of its own) and is compared on

@@ -42,8 +42,10 @@ constexpr std::chrono::microseconds kHostWaitPoll{20};
 const char* algorithm_of(const CollectiveArgs& args) {
   switch (args.collective) {
     case Collective::AllReduce: return algorithm_name(args.algorithm);
+    case Collective::ReduceScatter:
+    case Collective::AllGather: return algorithm_name(args.algorithm);
     case Collective::Reduce: return "central";
-    default: return "ring";  // reduce-scatter and all-gather are the ring's halves; broadcast a chain along it
+    default: return "ring";  // a chain along the ring
   }
 }
 
@@ -80,6 +82,12 @@ void* Communicator::host_scratch(std::size_t bytes) {
 }
 
 void Communicator::run(const CollectiveArgs& args) {
+  if (args.algorithm == Algorithm::Auto && is_chunked(args.collective)) {
+    CollectiveArgs resolved = args;
+    resolved.algorithm = chunked_auto();
+    run_resolved(resolved, nullptr);
+    return;
+  }
   if (args.collective != Collective::AllReduce || args.algorithm != Algorithm::Auto) {
     run_resolved(args, nullptr);
     return;
@@ -137,10 +145,10 @@ void Communicator::run_resolved(const CollectiveArgs& args, const char* auto_rol
                     "one): " + broken_.message;
     again.raise();
   }
-  const bool chunked = args.collective == Collective::ReduceScatter || args.collective == Collective::AllGather;
+  const bool chunked = is_chunked(args.collective);
   RR_CHECK(!chunked || args.numel % static_cast<std::size_t>(size()) == 0,
            collective_name(args.collective), " of ", args.numel, " elements does not split into ", size(), " chunks");
-  const bool hierarchical = args.collective == Collective::AllReduce && args.algorithm == Algorithm::Hierarchical;
+  const bool hierarchical = args.algorithm == Algorithm::Hierarchical;
   const std::size_t segment_bytes = args.segment_bytes > 0 ? args.segment_bytes
                                     : hierarchical         ? kHierarchicalSegmentBytes
                                                            : transport_->default_segment_bytes();
@@ -152,6 +160,9 @@ void Communicator::run_resolved(const CollectiveArgs& args, const char* auto_rol
   RR_CHECK(!hierarchical || has_hierarchy(), "hierarchical runs on a group whose ranks span several hosts with "
            "several ranks on some host; this group is ", hosts_ ? hosts_->layout.describe() : "on one host",
            ": use ring, central or one_shot");
+  RR_CHECK(!hierarchical || args.collective == Collective::AllReduce || (chunked && has_even_hierarchy()),
+           "hierarchical ", collective_name(args.collective), " needs the same number of ranks on every host; this "
+           "group is ", hosts_ ? hosts_->layout.describe() : "on one host");
   Transport* neighbours = hierarchical ? hosts_->neighbours.get() : nullptr;
   const Reducer& reducer = this->reducer(args.dtype, args.op);
   const std::size_t wanted_lanes = positive_from_env(kLanesEnv, "1");
@@ -205,10 +216,21 @@ void Communicator::run_resolved(const CollectiveArgs& args, const char* auto_rol
           }
           break;
         case Collective::ReduceScatter:
-          ring_reduce_scatter(*transport_, reducer, args.data, chunk, segment_bytes, lanes, args.input);
+          if (hierarchical) {
+            hierarchical_reduce_scatter(*transport_, *hosts_, reducer, args.input != nullptr ? args.input : args.data,
+                                        args.data, host_scratch(args.numel * reducer.element_size()), chunk,
+                                        segment_bytes, lanes);
+          } else {
+            ring_reduce_scatter(*transport_, reducer, args.data, chunk, segment_bytes, lanes, args.input);
+          }
           break;
         case Collective::AllGather:
-          ring_all_gather(*transport_, reducer.element_size(), args.data, chunk, segment_bytes, lanes);
+          if (hierarchical) {
+            hierarchical_all_gather(*transport_, *hosts_, reducer.element_size(), args.data,
+                                    host_scratch(args.numel * reducer.element_size()), chunk, segment_bytes, lanes);
+          } else {
+            ring_all_gather(*transport_, reducer.element_size(), args.data, chunk, segment_bytes, lanes);
+          }
           break;
         case Collective::Broadcast:
           chain_broadcast(*transport_, args.data, args.numel * reducer.element_size(), segment_bytes, args.root);

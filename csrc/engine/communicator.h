@@ -48,7 +48,7 @@ struct CollectiveArgs {
   const void* input = nullptr;
 };
 
-// The algorithm a call runs, by name ("ring", "central", "one_shot").
+// The algorithm a call runs, by name ("ring", "central", "one_shot", "hierarchical", "auto").
 const char* algorithm_of(const CollectiveArgs& args);
 
 class Communicator {
@@ -73,10 +73,17 @@ class Communicator {
   const HostLayout* host_layout() const { return hosts_ ? &hosts_->layout : nullptr; }
   // Whether Algorithm::Hierarchical can move fewer bytes across hosts than a flat algorithm here.
   bool has_hierarchy() const { return hosts_ && hosts_->layout.has_hierarchy(); }
+  // Whether the reduce-scatter and all-gather can run hierarchical too: the same number of ranks on
+  // every host. Algorithm::Auto runs them so here, and flat elsewhere.
+  bool has_even_hierarchy() const { return has_hierarchy() && hosts_->layout.even(); }
+  // What Algorithm::Auto runs for a reduce-scatter or all-gather here: hierarchical where it can
+  // (it moves fewer bytes across hosts, in fewer steps), else the ring.
+  Algorithm chunked_auto() const { return has_even_hierarchy() ? Algorithm::Hierarchical : Algorithm::Ring; }
 
   // Runs one collective on the calling thread; call it from a job of executor(). After a failure
   // the transport is aborted, every rank raises the same error, and every later call raises it again.
-  // An all-reduce of algorithm Auto runs what the table, the learner or the prior chooses.
+  // An all-reduce of algorithm Auto runs what the table, the learner or the prior chooses; a
+  // reduce-scatter or all-gather of algorithm Auto runs hierarchical where it can, else the ring.
   void run(const CollectiveArgs& args);
 
   // What auto runs now in each size class it has decided, by the class's smallest size (empty

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstring>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -13,6 +15,13 @@
 
 namespace ringreduce {
 namespace {
+
+// The ring across hosts that carries shard (or column) `shard`: one rank of each host, in host order.
+SubsetTransport shard_ring(Transport& across, const HostLayout& layout, int shard) {
+  std::vector<int> holders;
+  for (int host = 0; host < layout.hosts(); ++host) holders.push_back(layout.shard_owner(host, shard));
+  return SubsetTransport(across, std::move(holders));
+}
 
 // One block of the buffer through the three stages. Stage 1 and 3 run on the caller's thread, over
 // this host's transport; stage 2 over the transport that spans the hosts.
@@ -44,9 +53,7 @@ class Stages {
     for (int shard = layout.local_of(across_.rank()); shard < layout.widest(); shard += neighbours_) {
       const Span span = by_shard.chunk(shard);
       if (span.count == 0) continue;  // past the block's end, on every host alike
-      std::vector<int> holders;
-      for (int host = 0; host < layout.hosts(); ++host) holders.push_back(layout.shard_owner(host, shard));
-      SubsetTransport ring(across_, std::move(holders));
+      SubsetTransport ring = shard_ring(across_, layout, shard);
       ring_all_reduce(ring, reducer_, block + span.offset * elem(), span.count, segment_bytes_, lanes_);
     }
   }
@@ -73,8 +80,8 @@ class Stages {
   int neighbours_;  // ranks on this rank's host
 };
 
-// The link thread's side of the pipeline: block b may cross once the host has reduced it, and may
-// be gathered once it has crossed.
+// Where the two threads of a pipeline meet: block b may cross once the host has done its first part
+// ("reduced"), and the host may do its last part once the block has crossed.
 class Handoff {
  public:
   void reduced(std::size_t blocks) { set(reduced_, blocks); }
@@ -116,10 +123,141 @@ class Handoff {
   std::exception_ptr failed_;
 };
 
+// Runs the stages of every block: `before(b)` on this thread, block after block; `cross(b)` on a
+// link thread as soon as before(b) is done; `after(b)` on this thread as soon as cross(b) is done
+// (once every before() has run). The link works on one block while this host works on others. The
+// two threads use different transports and meet only here; an error in either stops both, and the
+// link thread is joined before it is raised, so the caller may abort the transports.
+void pipeline(std::size_t blocks, const std::function<void(std::size_t)>& before,
+              const std::function<void(std::size_t)>& cross, const std::function<void(std::size_t)>& after) {
+  if (blocks == 1) {
+    before(0);
+    cross(0);
+    after(0);
+    return;
+  }
+  Handoff handoff;
+  std::thread link([&] {
+    try {
+      for (std::size_t b = 0; b < blocks; ++b) {
+        if (!handoff.wait_reduced(b)) return;
+        cross(b);
+        handoff.crossed(b + 1);
+      }
+    } catch (...) {
+      handoff.fail(std::current_exception());
+    }
+  });
+  try {
+    for (std::size_t b = 0; b < blocks; ++b) {
+      before(b);
+      handoff.reduced(b + 1);
+    }
+    for (std::size_t b = 0; b < blocks; ++b) {
+      handoff.wait_crossed(b);
+      after(b);
+    }
+  } catch (...) {
+    handoff.stop();  // the link thread stops at its next block
+    link.join();
+    throw;
+  }
+  link.join();
+}
+
+Transport& host_transport(HostTier& tier) {
+  RR_CHECK(tier.layout.even() && tier.neighbours, "the hierarchical reduce-scatter and all-gather need several ranks "
+           "on every host, the same number on each; this group is ", tier.layout.describe());
+  return *tier.neighbours;
+}
+
+// The hierarchical reduce-scatter's and all-gather's blocks: block b is the same run of elements
+// of every rank's chunk, laid out in `staging` by column (HostLayout::column_position), after the
+// blocks before it. Stage by stage, a block is a small reduce-scatter or all-gather of its own.
+class Columns {
+ public:
+  Columns(Transport& across, HostTier& tier, std::size_t chunk_elems, std::size_t elem, void* data, void* staging,
+          std::size_t segment_bytes, std::size_t lanes)
+      : across_(across),
+        layout_(tier.layout),
+        within_(host_transport(tier)),
+        elem_(elem),
+        chunk_elems_(chunk_elems),
+        data_(static_cast<char*>(data)),
+        staging_(static_cast<char*>(staging)),
+        segment_bytes_(segment_bytes),
+        lanes_(lanes),
+        blocks_(hierarchical_blocks(chunk_elems, elem, layout_.world())) {}
+
+  std::size_t blocks() const { return blocks_.size(); }
+
+  // Every rank's run of block b, from `from` (rank order, `data` or an input) into column order.
+  void to_columns(std::size_t b, const char* from) {
+    for (int rank = 0; rank < layout_.world(); ++rank) std::memcpy(in_columns(b, rank), from + in_ranks(b, rank), bytes(b));
+  }
+  // Every rank's run of block b back into rank order in `data`.
+  void to_ranks(std::size_t b) {
+    for (int rank = 0; rank < layout_.world(); ++rank) std::memcpy(data_ + in_ranks(b, rank), in_columns(b, rank), bytes(b));
+  }
+  // This rank's own run of block b, between `data` and the staging.
+  void mine_to_columns(std::size_t b) { std::memcpy(in_columns(b, me()), data_ + in_ranks(b, me()), bytes(b)); }
+  void mine_to_ranks(std::size_t b) { std::memcpy(data_ + in_ranks(b, me()), in_columns(b, me()), bytes(b)); }
+
+  // Inside the host: local rank j ends with column j of block b summed over the host (not finished:
+  // the hosts' sums come next), or every column reaches every rank of the host.
+  void reduce_within(std::size_t b, const Reducer& reducer) {
+    ring_reduce_scatter(within_, reducer, block(b), within_layout(b), within_lanes(), /*finishes=*/false);
+  }
+  void gather_within(std::size_t b) { ring_all_gather(within_, elem_, block(b), within_layout(b), within_lanes()); }
+
+  // Across hosts: column j's ranks, one per host, reduce-scatter it (host h's rank ending with host
+  // h's run: its own), or gather it.
+  void reduce_across(std::size_t b, const Reducer& reducer) {
+    SubsetTransport ring = shard_ring(across_, layout_, column());
+    ring_reduce_scatter(ring, reducer, column_of(b), across_layout(b), lanes_, /*finishes=*/true);
+  }
+  void gather_across(std::size_t b) {
+    SubsetTransport ring = shard_ring(across_, layout_, column());
+    ring_all_gather(ring, elem_, column_of(b), across_layout(b), lanes_);
+  }
+
+ private:
+  int me() const { return across_.rank(); }
+  int column() const { return layout_.local_of(me()); }  // this rank's place on its host
+  std::size_t bytes(std::size_t b) const { return blocks_[b].count * elem_; }
+  char* block(std::size_t b) const { return staging_ + blocks_[b].offset * layout_.world() * elem_; }
+  char* in_columns(std::size_t b, int rank) const {
+    return block(b) + static_cast<std::size_t>(layout_.column_position(rank)) * bytes(b);
+  }
+  char* column_of(std::size_t b) const { return in_columns(b, layout_.ranks_of(0)[column()]); }
+  // Where rank r's run of block b sits in rank order, in bytes.
+  std::size_t in_ranks(std::size_t b, int rank) const {
+    return (static_cast<std::size_t>(rank) * chunk_elems_ + blocks_[b].offset) * elem_;
+  }
+  SegmentLayout within_layout(std::size_t b) const {
+    return chunk_layout(blocks_[b].count * layout_.hosts(), elem_, within_.size(), within_.default_segment_bytes());
+  }
+  SegmentLayout across_layout(std::size_t b) const {
+    return chunk_layout(blocks_[b].count, elem_, layout_.hosts(), segment_bytes_);
+  }
+  std::size_t within_lanes() const { return std::min(lanes_, within_.max_lanes()); }
+
+  Transport& across_;
+  const HostLayout& layout_;
+  Transport& within_;
+  std::size_t elem_;
+  std::size_t chunk_elems_;
+  char* data_;
+  char* staging_;
+  std::size_t segment_bytes_;
+  std::size_t lanes_;
+  std::vector<Span> blocks_;  // runs of a chunk
+};
+
 }  // namespace
 
-std::vector<Span> hierarchical_blocks(std::size_t numel, std::size_t elem_size) {
-  const std::size_t block = std::max<std::size_t>(1, kHierarchicalBlockBytes / elem_size);
+std::vector<Span> hierarchical_blocks(std::size_t numel, std::size_t elem_size, int parts) {
+  const std::size_t block = std::max<std::size_t>(1, kHierarchicalBlockBytes / elem_size / static_cast<std::size_t>(parts));
   std::vector<Span> blocks;
   for (std::size_t offset = 0; offset < numel || blocks.empty(); offset += block) {
     blocks.push_back(Span{offset, std::min(block, numel - offset)});
@@ -133,50 +271,48 @@ void hierarchical_all_reduce(Transport& across, HostTier& tier, const Reducer& r
   char* base = static_cast<char*>(data);
   Stages stages(across, tier, reducer, segment_bytes, lanes);
   const std::vector<Span> blocks = hierarchical_blocks(numel, elem);
-  auto at = [&](const Span& block) { return base + block.offset * elem; };
-
+  auto at = [&](std::size_t b) { return base + blocks[b].offset * elem; };
   if (!tier.neighbours) {  // alone on this host: the link is all there is
-    for (const Span& block : blocks) stages.reduce_across(at(block), block.count);
+    for (std::size_t b = 0; b < blocks.size(); ++b) stages.reduce_across(at(b), blocks[b].count);
     return;
   }
-  if (blocks.size() == 1) {
-    stages.reduce_within(base, numel);
-    stages.reduce_across(base, numel);
-    stages.gather_within(base, numel);
-    return;
-  }
+  pipeline(
+      blocks.size(), [&](std::size_t b) { stages.reduce_within(at(b), blocks[b].count); },
+      [&](std::size_t b) { stages.reduce_across(at(b), blocks[b].count); },
+      [&](std::size_t b) { stages.gather_within(at(b), blocks[b].count); });
+}
 
-  // Several blocks: a link thread takes each block across as soon as the host has reduced it, while
-  // this thread reduces the next ones and then gathers those that have crossed. The two threads use
-  // different transports, and meet only here.
-  Handoff handoff;
-  std::thread link([&] {
-    try {
-      for (std::size_t b = 0; b < blocks.size(); ++b) {
-        if (!handoff.wait_reduced(b)) return;
-        stages.reduce_across(at(blocks[b]), blocks[b].count);
-        handoff.crossed(b + 1);
-      }
-    } catch (...) {
-      handoff.fail(std::current_exception());
-    }
-  });
-  try {
-    for (std::size_t b = 0; b < blocks.size(); ++b) {
-      stages.reduce_within(at(blocks[b]), blocks[b].count);
-      handoff.reduced(b + 1);
-    }
-    for (std::size_t b = 0; b < blocks.size(); ++b) {
-      handoff.wait_crossed(b);
-      stages.gather_within(at(blocks[b]), blocks[b].count);
-    }
-  } catch (...) {
-    // The link thread stops at its next block; the caller aborts the transports once it has.
-    handoff.stop();
-    link.join();
-    throw;
-  }
-  link.join();
+void hierarchical_reduce_scatter(Transport& across, HostTier& tier, const Reducer& reducer, const void* source,
+                                 void* data, void* staging, std::size_t chunk_elems, std::size_t segment_bytes,
+                                 std::size_t lanes) {
+  Columns columns(across, tier, chunk_elems, reducer.element_size(), data, staging, segment_bytes, lanes);
+  const char* input = static_cast<const char*>(source);
+  pipeline(
+      columns.blocks(),
+      [&](std::size_t b) {
+        columns.to_columns(b, input);
+        columns.reduce_within(b, reducer);
+      },
+      [&](std::size_t b) {
+        columns.reduce_across(b, reducer);
+        columns.mine_to_ranks(b);
+      },
+      [](std::size_t) {});
+}
+
+void hierarchical_all_gather(Transport& across, HostTier& tier, std::size_t elem, void* data, void* staging,
+                             std::size_t chunk_elems, std::size_t segment_bytes, std::size_t lanes) {
+  Columns columns(across, tier, chunk_elems, elem, data, staging, segment_bytes, lanes);
+  pipeline(
+      columns.blocks(), [](std::size_t) {},
+      [&](std::size_t b) {
+        columns.mine_to_columns(b);
+        columns.gather_across(b);
+      },
+      [&](std::size_t b) {
+        columns.gather_within(b);
+        columns.to_ranks(b);
+      });
 }
 
 }  // namespace ringreduce

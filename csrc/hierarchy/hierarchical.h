@@ -34,8 +34,10 @@ constexpr std::size_t kHierarchicalBlockBytes = 4 << 20;
 // 300-303 with 256-512 KiB (benchmarks/RESULTS.md).
 constexpr std::size_t kHierarchicalSegmentBytes = 512 << 10;
 
-// The blocks of an all-reduce of `numel` elements (one, possibly empty, at least).
-std::vector<Span> hierarchical_blocks(std::size_t numel, std::size_t elem_size);
+// The blocks of an all-reduce of `numel` elements (one, possibly empty, at least); or, with
+// `parts` chunks of `numel`, the runs of a chunk that make a block together with the same run of
+// every other chunk (a reduce-scatter's or all-gather's).
+std::vector<Span> hierarchical_blocks(std::size_t numel, std::size_t elem_size, int parts = 1);
 
 // Hierarchical all-reduce (as Horovod's and Open MPI HAN's): the buffer is cut into one shard per
 // rank of the widest host. Each host reduce-scatters the shards among its ranks, each rank then
@@ -46,5 +48,23 @@ std::vector<Span> hierarchical_blocks(std::size_t numel, std::size_t elem_size);
 // every rank ends with the same bits. Large buffers are pipelined in blocks (kHierarchicalBlockBytes).
 void hierarchical_all_reduce(Transport& across, HostTier& tier, const Reducer& reducer, void* data, std::size_t numel,
                              std::size_t segment_bytes, std::size_t lanes);
+
+// Hierarchical reduce-scatter (what FSDP and ZeRO call) where every host has k ranks
+// (HostLayout::even): the world chunks of `chunk_elems` are laid out by column in `staging`
+// (HostLayout::column_position), each host reduce-scatters its k columns among its ranks, and then
+// the ranks of column j reduce-scatter it across hosts, each ending with its own chunk. Each host's
+// link carries (H-1)/H of the buffer against (N-1)/N in a flat ring, and a rank makes (k-1)+(H-1)
+// steps against N-1. Pipelined in blocks as the all-reduce. `source` (rank order, it may be `data`)
+// is only read; rank r's result lands in chunk r of `data`. `staging` is working memory of the
+// buffer's size, apart from both.
+void hierarchical_reduce_scatter(Transport& across, HostTier& tier, const Reducer& reducer, const void* source,
+                                 void* data, void* staging, std::size_t chunk_elems, std::size_t segment_bytes,
+                                 std::size_t lanes);
+
+// Hierarchical all-gather, the same in reverse: rank r's chunk r of `data` first crosses hosts in
+// its column's ring, then each host all-gathers its columns, and the chunks go back to rank order
+// in `data`. `staging` is working memory of the buffer's size, apart from `data`.
+void hierarchical_all_gather(Transport& across, HostTier& tier, std::size_t elem, void* data, void* staging,
+                             std::size_t chunk_elems, std::size_t segment_bytes, std::size_t lanes);
 
 }  // namespace ringreduce

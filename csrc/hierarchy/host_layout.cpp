@@ -28,11 +28,14 @@ int HostLayout::shard_owner(int host, int shard) const {
   return ranks[shard % static_cast<int>(ranks.size())];
 }
 
+bool HostLayout::even() const {
+  return std::all_of(ranks_.begin(), ranks_.end(),
+                     [&](const std::vector<int>& ranks) { return static_cast<int>(ranks.size()) == widest_; });
+}
+
 std::string HostLayout::describe() const {
   const auto plural = [](int n, const char* word) { return detail::concat(n, " ", word, n == 1 ? "" : "s"); };
-  const bool even = std::all_of(ranks_.begin(), ranks_.end(),
-                                [&](const std::vector<int>& ranks) { return static_cast<int>(ranks.size()) == widest_; });
-  if (even) return detail::concat(plural(hosts(), "host"), " x ", plural(widest_, "rank"));
+  if (even()) return detail::concat(plural(hosts(), "host"), " x ", plural(widest_, "rank"));
   std::string counts;
   for (const std::vector<int>& ranks : ranks_) counts += detail::concat(counts.empty() ? "" : "+", ranks.size());
   return detail::concat(plural(hosts(), "host"), " (", counts, " ranks)");

@@ -29,6 +29,12 @@ class HostLayout {
   bool has_hierarchy() const { return hosts() > 1 && widest_ > 1; }
   // Which rank of `host` carries shard `shard` across hosts (ranks of a smaller host take several).
   int shard_owner(int host, int shard) const;
+  // Whether every host has the same number of ranks (what the hierarchical reduce-scatter and
+  // all-gather need: one column of chunks per local rank, one chunk per host in each).
+  bool even() const;
+  // Where rank r's chunk sits when a reduce-scatter or all-gather is laid out by column: the chunks
+  // of local rank j of every host side by side, host by host, column after column.
+  int column_position(int rank) const { return local_of_[rank] * hosts() + host_of_[rank]; }
   // "2 hosts x 2 ranks", or "3 hosts (2+1+2 ranks)" when they differ.
   std::string describe() const;
 

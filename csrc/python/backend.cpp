@@ -225,7 +225,7 @@ c10::intrusive_ptr<c10d::Work> RingReduceBackend::broadcast(std::vector<at::Tens
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                   const c10d::AllgatherOptions& opts) {
   Communicator& comm = communicator(input);
-  return finish(comm, all_gather_call(comm, output, input, 0), opts.asyncOp);
+  return finish(comm, all_gather_call(comm, output, input, chunked_algorithm(), 0), opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -238,7 +238,7 @@ c10::intrusive_ptr<c10d::Work> RingReduceBackend::allgather(std::vector<std::vec
   Communicator& comm = communicator(input);
   // Each rank's piece sits at a stride of the largest; the padding travels but is never read.
   const at::Tensor buffer = at::empty({piece * getSize()}, input.options());
-  Call call = all_gather_call(comm, buffer, buffer.narrow(0, getRank() * piece, piece), 0);
+  Call call = all_gather_call(comm, buffer, buffer.narrow(0, getRank() * piece, piece), chunked_algorithm(), 0);
   call.before = {{input.reshape({-1}), buffer.narrow(0, getRank() * piece, input.numel())}};
   call.after.clear();
   for (int r = 0; r < getSize(); ++r) {
@@ -253,7 +253,7 @@ c10::intrusive_ptr<c10d::Work> RingReduceBackend::_reduce_scatter_base(at::Tenso
                                                                        const c10d::ReduceScatterOptions& opts) {
   const ReduceOp op = engine_op(opts.reduceOp);
   Communicator& comm = communicator(input);
-  Call call = reduce_scatter_call(comm, reducible(output, op), reducible(input, op), op, 0);
+  Call call = reduce_scatter_call(comm, reducible(output, op), reducible(input, op), op, chunked_algorithm(), 0);
   call.results = {output};
   return finish(comm, std::move(call), opts.asyncOp);
 }
@@ -276,7 +276,7 @@ c10::intrusive_ptr<c10d::Work> RingReduceBackend::reduce_scatter(std::vector<at:
   }
   Communicator& comm = communicator(input);
   const at::Tensor mine = at::empty({piece * real}, input.options());
-  Call call = reduce_scatter_call(comm, mine, input, op, 0);
+  Call call = reduce_scatter_call(comm, mine, input, op, chunked_algorithm(), 0);
   const at::Tensor out = reducible(output, op);
   call.after.push_back({mine.narrow(0, 0, out.numel()).view(out.sizes()), out});
   call.results = {output};

@@ -88,6 +88,9 @@ class RingReduceBackend final : public c10d::Backend {
  private:
   // The communicator for tensors on `tensor`'s device.
   Communicator& communicator(const at::Tensor& tensor);
+  // A reduce-scatter's or all-gather's algorithm: the flat ring when the group's algorithm is
+  // "ring", else auto (hierarchical where every host has the same number of ranks).
+  Algorithm chunked_algorithm() const { return algorithm_ == Algorithm::Ring ? Algorithm::Ring : Algorithm::Auto; }
   // The fallback for an op the engine does not run: gloo for CPU tensors, NCCL for CUDA tensors.
   c10d::Backend& fallback(const std::vector<at::Tensor>& tensors, const char* op);
 

@@ -48,26 +48,34 @@ namespace {
 // A Work to Python, or None for a blocking call that already ran.
 py::object to_python(const c10::intrusive_ptr<c10d::Work>& work) { return work ? py::cast(work) : py::none(); }
 
-py::object all_reduce(Communicator& communicator, const at::Tensor& tensor, int op_code, int algorithm_code,
-                      std::size_t segment_bytes, int root, bool async_op) {
+Algorithm checked_algorithm(int algorithm_code) {
   if (algorithm_code < 0 || algorithm_code > static_cast<int>(Algorithm::Auto)) {
     throw std::invalid_argument(detail::concat("ringreduce: bad algorithm code ", algorithm_code));
   }
+  return static_cast<Algorithm>(algorithm_code);
+}
+
+py::object all_reduce(Communicator& communicator, const at::Tensor& tensor, int op_code, int algorithm_code,
+                      std::size_t segment_bytes, int root, bool async_op) {
   return to_python(submit(communicator,
-                          all_reduce_call(communicator, tensor, checked_op(op_code), static_cast<Algorithm>(algorithm_code),
+                          all_reduce_call(communicator, tensor, checked_op(op_code), checked_algorithm(algorithm_code),
                                           segment_bytes, root),
                           async_op));
 }
 
 py::object reduce_scatter(Communicator& communicator, const at::Tensor& output, const at::Tensor& input, int op_code,
-                          std::size_t segment_bytes, bool async_op) {
+                          int algorithm_code, std::size_t segment_bytes, bool async_op) {
   return to_python(submit(communicator,
-                          reduce_scatter_call(communicator, output, input, checked_op(op_code), segment_bytes), async_op));
+                          reduce_scatter_call(communicator, output, input, checked_op(op_code),
+                                              checked_algorithm(algorithm_code), segment_bytes),
+                          async_op));
 }
 
 py::object all_gather(Communicator& communicator, const at::Tensor& output, const at::Tensor& input,
-                      std::size_t segment_bytes, bool async_op) {
-  return to_python(submit(communicator, all_gather_call(communicator, output, input, segment_bytes), async_op));
+                      int algorithm_code, std::size_t segment_bytes, bool async_op) {
+  return to_python(submit(communicator,
+                          all_gather_call(communicator, output, input, checked_algorithm(algorithm_code), segment_bytes),
+                          async_op));
 }
 
 py::object reduce(Communicator& communicator, const at::Tensor& tensor, int op_code, int root,
@@ -220,6 +228,9 @@ PYBIND11_MODULE(_C, m) {
           "Which ranks share a host (\"2 hosts x 2 ranks\"), where the group spans hosts; else None.")
       .def_property_readonly("has_hierarchy", &Communicator::has_hierarchy,
                              "Whether algorithm 'hierarchical' runs here (several hosts, several ranks on some).")
+      .def_property_readonly("has_even_hierarchy", &Communicator::has_even_hierarchy,
+                             "Whether reduce-scatter and all-gather run hierarchical here (several hosts, the same "
+                             "number of ranks, 2 or more, on each).")
       .def(
           "auto_choices",
           [](Communicator& communicator) {
@@ -239,8 +250,9 @@ PYBIND11_MODULE(_C, m) {
       .def("all_reduce", &all_reduce, py::arg("tensor"), py::arg("op"), py::arg("algorithm"), py::arg("segment_bytes"),
            py::arg("root"), py::arg("async_op"))
       .def("reduce_scatter", &reduce_scatter, py::arg("output"), py::arg("input"), py::arg("op"),
+           py::arg("algorithm"), py::arg("segment_bytes"), py::arg("async_op"))
+      .def("all_gather", &all_gather, py::arg("output"), py::arg("input"), py::arg("algorithm"),
            py::arg("segment_bytes"), py::arg("async_op"))
-      .def("all_gather", &all_gather, py::arg("output"), py::arg("input"), py::arg("segment_bytes"), py::arg("async_op"))
       .def("broadcast", &broadcast, py::arg("tensor"), py::arg("root"), py::arg("segment_bytes"), py::arg("async_op"))
       .def("reduce", &reduce, py::arg("tensor"), py::arg("op"), py::arg("root"), py::arg("segment_bytes"),
            py::arg("async_op"));

@@ -317,6 +317,28 @@ DType copy_dtype(const at::Tensor& tensor, std::size_t* numel) {
   }
 }
 
+// "this group's pg communicator has 2 hosts x 2 ranks", for errors.
+std::string hosts_of(const Communicator& communicator) {
+  const HostLayout* layout = communicator.host_layout();
+  return detail::concat("this group's ", communicator.transport_name(), " communicator has ",
+                        layout != nullptr ? layout->describe() : "every rank on one host (or no host layout)");
+}
+
+// The algorithm a reduce-scatter or all-gather (`name`) runs: auto's choice, ring, or hierarchical
+// where every host has the same number of ranks.
+Algorithm chunked_algorithm(const Communicator& communicator, Algorithm algorithm, const char* name) {
+  if (algorithm == Algorithm::Auto) return communicator.chunked_auto();
+  if (algorithm == Algorithm::Ring) return algorithm;
+  if (algorithm == Algorithm::Hierarchical && communicator.has_even_hierarchy()) return algorithm;
+  if (algorithm == Algorithm::Hierarchical) {
+    throw py::value_error(detail::concat("ringreduce.", name, ": algorithm 'hierarchical' needs a group whose ranks "
+                                         "span several hosts, the same number (2 or more) on each; ",
+                                         hosts_of(communicator), ". Use 'auto' or 'ring'"));
+  }
+  throw py::value_error(detail::concat("ringreduce.", name, ": algorithm '", algorithm_name(algorithm),
+                                       "' does not run here; use 'auto', 'ring' or 'hierarchical'"));
+}
+
 }  // namespace
 
 Call all_reduce_call(Communicator& communicator, const at::Tensor& tensor, ReduceOp op, Algorithm algorithm,
@@ -350,7 +372,7 @@ Call all_reduce_call(Communicator& communicator, const at::Tensor& tensor, Reduc
 }
 
 Call reduce_scatter_call(Communicator& communicator, const at::Tensor& output, const at::Tensor& input, ReduceOp op,
-                         std::size_t segment_bytes) {
+                         Algorithm algorithm, std::size_t segment_bytes) {
   const DType dtype = to_dtype(input, op);
   const std::int64_t world = communicator.size();
   if (input.numel() != output.numel() * world || input.scalar_type() != output.scalar_type() ||
@@ -365,7 +387,7 @@ Call reduce_scatter_call(Communicator& communicator, const at::Tensor& output, c
   Call call;
   const at::Tensor buffer = scratch_like(communicator, input);
   call.args = {Collective::ReduceScatter, buffer.data_ptr(), static_cast<std::size_t>(buffer.numel()), dtype, op,
-               Algorithm::Ring, segment_bytes, 0};
+               chunked_algorithm(communicator, algorithm, "reduce_scatter_tensor"), segment_bytes, 0};
   if (communicator.stream_context() == nullptr && input.is_contiguous()) {
     call.args.input = input.data_ptr();
     call.reads = {input};
@@ -378,7 +400,7 @@ Call reduce_scatter_call(Communicator& communicator, const at::Tensor& output, c
 }
 
 Call all_gather_call(Communicator& communicator, const at::Tensor& output, const at::Tensor& input,
-                     std::size_t segment_bytes) {
+                     Algorithm algorithm, std::size_t segment_bytes) {
   const std::int64_t world = communicator.size();
   if (output.numel() != input.numel() * world || input.scalar_type() != output.scalar_type() ||
       input.device() != output.device()) {
@@ -391,7 +413,8 @@ Call all_gather_call(Communicator& communicator, const at::Tensor& output, const
   const at::Tensor buffer = contiguous_stand_in(output);
   std::size_t numel = 0;
   const DType dtype = copy_dtype(buffer, &numel);
-  call.args = {Collective::AllGather, buffer.data_ptr(), numel, dtype, ReduceOp::Sum, Algorithm::Ring, segment_bytes, 0};
+  call.args = {Collective::AllGather, buffer.data_ptr(), numel, dtype, ReduceOp::Sum,
+               chunked_algorithm(communicator, algorithm, "all_gather_into_tensor"), segment_bytes, 0};
   call.before = {{input, share(buffer, communicator.rank(), input)}};
   if (!buffer.is_same(output)) call.after = {{buffer, output}};
   call.results = {output};

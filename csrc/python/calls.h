@@ -35,10 +35,12 @@ ReduceOp checked_op(int op_code);
 // The calls, checked against torch's rules (ValueError/TypeError naming what is wrong).
 Call all_reduce_call(Communicator& communicator, const at::Tensor& tensor, ReduceOp op, Algorithm algorithm,
                      std::size_t segment_bytes, int root);
+// A reduce-scatter or all-gather runs Auto (hierarchical where every host has the same number of
+// ranks, else the ring), Ring or Hierarchical.
 Call reduce_scatter_call(Communicator& communicator, const at::Tensor& output, const at::Tensor& input, ReduceOp op,
-                         std::size_t segment_bytes);
+                         Algorithm algorithm, std::size_t segment_bytes);
 Call all_gather_call(Communicator& communicator, const at::Tensor& output, const at::Tensor& input,
-                     std::size_t segment_bytes);
+                     Algorithm algorithm, std::size_t segment_bytes);
 Call broadcast_call(Communicator& communicator, const at::Tensor& tensor, int root, std::size_t segment_bytes);
 // The root's tensor ends with the reduction; the others' are left as they were.
 Call reduce_call(Communicator& communicator, const at::Tensor& tensor, ReduceOp op, int root, std::size_t segment_bytes);

@@ -1,10 +1,11 @@
 """The benchmark across emulated hosts: `python -m ringreduce.bench --hosts 2x2 --link 2gbit`.
 
 H hosts of k ranks on this machine (ringreduce/bench/hosts.py), each host's link limited to
---link. Every size times, in one run, trial by trial: torch.distributed's all-reduce on gloo,
-ringreduce's flat ring (every rank on gloo's pairs), the hierarchical all-reduce (shared memory
-inside each host, gloo across) and auto. Beside them, the bounds the link sets: each host's link
-carries 2(N-1)/N of the buffer in a flat ring of N ranks, 2(H-1)/H in a hierarchical one.
+--link. Every size times, in one run, trial by trial: torch.distributed's collective on gloo,
+ringreduce's flat ring (every rank on gloo's pairs), the hierarchical one (shared memory inside
+each host, gloo across) and, for all_reduce, auto. Beside them, the bounds the link sets: each
+host's link carries 2(N-1)/N of the buffer in a flat all-reduce of N ranks, 2(H-1)/H in a
+hierarchical one; a reduce-scatter or all-gather half as much.
 """
 
 import json
@@ -16,6 +17,8 @@ from ringreduce.bench.hosts import EmulatedHosts, available
 from ringreduce.bench.report import human_bytes
 
 ROWS = ("gloo", "ring", "hierarchical", "auto")
+# The collectives timed across hosts (--collective), and the share of an all-reduce's bytes each moves.
+LINK_SHARE = {"all_reduce": 1.0, "reduce_scatter": 0.5, "all_gather": 0.5}
 # Trials per row and the time each row and size gets in all. At 2 Gbit/s a 64 MiB call takes about
 # 0.3-0.5 s, so a trial is one call there: 5 trials keep a sweep of 4 KiB-64 MiB near 2 minutes.
 DEFAULT_TRIALS = 5
@@ -48,22 +51,29 @@ def parse_layout(text: str) -> list:
     return counts
 
 
-def bounds(nbytes, counts, link_Bps):
+def bounds(nbytes, counts, link_Bps, collective="all_reduce"):
     """Seconds the host links need at least: (flat ring, hierarchical)."""
     hosts, world = len(counts), sum(counts)
-    return 2 * (world - 1) / world * nbytes / link_Bps, 2 * (hosts - 1) / hosts * nbytes / link_Bps
+    share = 2 * LINK_SHARE[collective] * nbytes / link_Bps
+    return (world - 1) / world * share, (hosts - 1) / hosts * share
 
 
-def run(counts, link, sizes, trials=DEFAULT_TRIALS, row_seconds=DEFAULT_ROW_SECONDS, rows=ROWS):
+def run(counts, link, sizes, trials=DEFAULT_TRIALS, row_seconds=DEFAULT_ROW_SECONDS, rows=ROWS,
+        collective="all_reduce"):
     """The records of one run: per size, each row's median and fastest trial (seconds per call)."""
     reason = available()
     if reason:
         raise SystemExit(f"--hosts: {reason}")
+    if collective not in LINK_SHARE:
+        raise SystemExit(f"--hosts times {', '.join(LINK_SHARE)}; not --collective {collective}")
+    if collective != "all_reduce" and len(set(counts)) > 1:
+        rows = [r for r in rows if r != "hierarchical"]  # it needs the same number of ranks on every host
     placement, next_rank = [], 0
     for count in counts:
         placement.append(list(range(next_rank, next_rank + count)))
         next_rank += count
-    options = json.dumps({"sizes": sizes, "trials": trials, "row_seconds": row_seconds, "rows": list(rows)})
+    options = json.dumps({"sizes": sizes, "trials": trials, "row_seconds": row_seconds, "rows": list(rows),
+                          "collective": collective})
     with EmulatedHosts(len(counts), link=link) as hosts:
         procs = hosts.launch([sys.executable, "-m", "ringreduce.bench.hosts_rank", options], placement, port=PORT,
                              stdout=subprocess.PIPE, text=True)
@@ -73,14 +83,14 @@ def run(counts, link, sizes, trials=DEFAULT_TRIALS, row_seconds=DEFAULT_ROW_SECO
             raise SystemExit(f"ranks {failed} of the emulated hosts failed (their errors are above)")
     link_Bps = link_bytes_per_second(link)
     for record in records:
-        record["flat_bound_s"], record["hierarchical_bound_s"] = bounds(record["bytes"], counts, link_Bps)
+        record["flat_bound_s"], record["hierarchical_bound_s"] = bounds(record["bytes"], counts, link_Bps, collective)
     return records
 
 
-def print_table(records, counts, link, out=sys.stdout):
+def print_table(records, counts, link, collective="all_reduce", out=sys.stdout):
     rows = list(records[0]["rows"])
     out.write(f"# {len(counts)} emulated hosts ({'+'.join(map(str, counts))} ranks), links of {link} each way; "
-              "all_reduce float32 SUM, median trial (fastest) in ms per call\n")
+              f"{collective} float32 SUM, median trial (fastest) in ms per call\n")
     out.write(f"{'size':>8} " + "".join(f"{name:>22}" for name in rows)
               + f"{'flat bound':>12}{'hier. bound':>12}{'best/gloo':>10}\n")
     for record in records:
@@ -94,7 +104,7 @@ def print_table(records, counts, link, out=sys.stdout):
                                            for r in records) + "\n")
 
 
-def plot(records, counts, link, path):
+def plot(records, counts, link, path, collective="all_reduce"):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -109,7 +119,7 @@ def plot(records, counts, link, path):
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("bytes")
-    ax.set_ylabel("ms per all-reduce (median trial)")
+    ax.set_ylabel(f"ms per {collective} (median trial)")
     ax.set_title(f"{len(counts)} emulated hosts ({'+'.join(map(str, counts))} ranks), {link} links")
     ax.legend()
     fig.tight_layout()
@@ -118,10 +128,11 @@ def plot(records, counts, link, path):
 
 def main(args, sizes):
     counts = parse_layout(args.hosts)
-    records = run(counts, args.link, sizes)
-    print_table(records, counts, args.link)
+    records = run(counts, args.link, sizes, collective=args.collective)
+    print_table(records, counts, args.link, args.collective)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"hosts": counts, "link": args.link, "records": records}, f, indent=1)
+            json.dump({"hosts": counts, "link": args.link, "collective": args.collective, "records": records}, f,
+                      indent=1)
     if args.plot:
-        plot(records, counts, args.link, args.plot)
+        plot(records, counts, args.link, args.plot, args.collective)

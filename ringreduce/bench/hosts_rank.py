@@ -1,5 +1,5 @@
 """One rank of the benchmark across emulated hosts (ringreduce/bench/across_hosts.py), joined through
-env://. Times every row at every size, trial by trial with the rows in turn, and rank 0 prints the
+env://. Times every row of the collective at every size, trial by trial with the rows in turn, and rank 0 prints the
 slowest rank's time per call of each row and trial as one line of JSON per size."""
 
 import json
@@ -13,13 +13,53 @@ import torch.distributed as dist
 import ringreduce
 from ringreduce.bench.run import auto_decided, auto_ran
 
-# Rows: (name, call). gloo is torch.distributed's own all-reduce on the default (gloo) group.
+# Rows of each collective: (name, call on a Buffers). gloo is torch.distributed's own collective on
+# the default (gloo) group.
 ROWS = {
-    "gloo": lambda t: dist.all_reduce(t),
-    "ring": lambda t: ringreduce.all_reduce(t, algorithm="ring"),
-    "hierarchical": lambda t: ringreduce.all_reduce(t, algorithm="hierarchical"),
-    "auto": lambda t: ringreduce.all_reduce(t, algorithm="auto"),
+    "all_reduce": {
+        "gloo": lambda b: dist.all_reduce(b.whole),
+        "ring": lambda b: ringreduce.all_reduce(b.whole, algorithm="ring"),
+        "hierarchical": lambda b: ringreduce.all_reduce(b.whole, algorithm="hierarchical"),
+        "auto": lambda b: ringreduce.all_reduce(b.whole, algorithm="auto"),
+    },
+    "reduce_scatter": {
+        "gloo": lambda b: dist.reduce_scatter_tensor(b.piece, b.whole),
+        "ring": lambda b: ringreduce.reduce_scatter_tensor(b.piece, b.whole, algorithm="ring"),
+        "hierarchical": lambda b: ringreduce.reduce_scatter_tensor(b.piece, b.whole, algorithm="hierarchical"),
+    },
+    "all_gather": {
+        "gloo": lambda b: dist.all_gather_into_tensor(b.whole, b.piece),
+        "ring": lambda b: ringreduce.all_gather_into_tensor(b.whole, b.piece, algorithm="ring"),
+        "hierarchical": lambda b: ringreduce.all_gather_into_tensor(b.whole, b.piece, algorithm="hierarchical"),
+    },
 }
+
+
+class Buffers:
+    """The float32 buffers of one size: `whole` (an all-reduce's tensor, a reduce-scatter's input, an
+    all-gather's output) and `piece`, this rank's share of it."""
+
+    def __init__(self, nbytes, world):
+        numel = nbytes // 4 // world * world
+        self.whole = torch.ones(numel)
+        self.piece = torch.ones(numel // world)
+
+    def check(self, collective, name, call):
+        """Runs `call` once on known inputs and checks the result."""
+        world, rank = dist.get_world_size(), dist.get_rank()
+        self.whole.fill_(1.0)
+        self.piece.fill_(float(rank + 1))
+        call(self)
+        if collective == "all_reduce":
+            good = torch.all(self.whole == world)
+        elif collective == "reduce_scatter":
+            good = torch.all(self.piece == world)
+        else:
+            by_rank = self.whole.view(world, -1)
+            good = torch.equal(by_rank, torch.arange(1.0, world + 1).unsqueeze(1).expand_as(by_rank))
+        assert good, f"{collective} {name} at {self.whole.numel() * 4} B gave a wrong result"
+
+
 # Untimed calls of auto before its row is timed, while it still explores the size class (each
 # exploration round is a few calls of every candidate).
 MAX_AUTO_WARMUP_CALLS = 400
@@ -33,23 +73,21 @@ def main():
     options = json.loads(sys.argv[1])
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    rows = [r for r in ROWS if r in options["rows"]]
+    calls = ROWS[options["collective"]]
+    rows = [r for r in calls if r in options["rows"]]
     for nbytes in options["sizes"]:
-        tensor = torch.ones(nbytes // 4)
-        expected = float(dist.get_world_size())
-        for name in rows:  # warm-up, and the check: every row sums ones
-            tensor.fill_(1.0)
-            ROWS[name](tensor)
-            assert torch.all(tensor == expected), f"{name} at {nbytes} B gave a wrong sum"
+        buffers = Buffers(nbytes, dist.get_world_size())
+        for name in rows:  # warm-up, and the check
+            buffers.check(options["collective"], name, calls[name])
         warmup = 0
         while "auto" in rows and warmup < MAX_AUTO_WARMUP_CALLS and not auto_decided(None, "cpu", nbytes):
-            ROWS["auto"](tensor)
+            calls["auto"](buffers)
             warmup += 1
         # One probe call per row sizes the trials (the slowest rank's time decides for every rank).
         probe = torch.zeros(len(rows), dtype=torch.float64)
         for i, name in enumerate(rows):
             begin = time.perf_counter()
-            ROWS[name](tensor)
+            calls[name](buffers)
             probe[i] = time.perf_counter() - begin
         dist.all_reduce(probe, op=dist.ReduceOp.MAX)
         iters = [calls_for(nbytes, p.item(), options["row_seconds"], options["trials"]) for p in probe]
@@ -60,7 +98,7 @@ def main():
                 dist.barrier()
                 begin = time.perf_counter()
                 for _ in range(iters[i]):
-                    ROWS[rows[i]](tensor)
+                    calls[rows[i]](buffers)
                 times[trial, i] = (time.perf_counter() - begin) / iters[i]
         dist.all_reduce(times, op=dist.ReduceOp.MAX)
         if rank == 0:

@@ -105,7 +105,8 @@ def parse_args(argv=None):
     parser.add_argument("--hosts", metavar="LAYOUT",
                         help="run on emulated hosts instead (root; e.g. 2x2, or 2+1+2 ranks per host): gloo, the "
                              "flat ring, hierarchical and auto across hosts, beside the links' bounds (sizes as above; "
-                             "its own trials and time per row, ringreduce/bench/across_hosts.py)")
+                             "--collective all_reduce, reduce_scatter or all_gather; its own trials and time per "
+                             "row, ringreduce/bench/across_hosts.py)")
     parser.add_argument("--link", default="2gbit", help="with --hosts: each host's link rate, in tc's words")
     parser.add_argument("--json", metavar="PATH", help="write the records as a JSON list")
     parser.add_argument("--plot", metavar="PATH", help="draw busbw against size (PNG)")
