@@ -250,3 +250,40 @@ def test_a_server_dropped_without_close_stops_its_workers_with_an_error():
     assert results[0] == "dropped"
     for message in results[1:]:
         assert "the parameter server has stopped" in message, message
+
+
+def _breaking_optimizer(p):
+    """SGD whose third step raises (after the first two were applied)."""
+    sgd = torch.optim.SGD([p], lr=0.1)
+    steps = []
+    step = sgd.step
+
+    def breaking_step(*args, **kwargs):
+        steps.append(1)
+        if len(steps) == 3:
+            raise RuntimeError("the optimizer broke at its third step")
+        return step(*args, **kwargs)
+
+    sgd.step = breaking_step
+    return sgd
+
+
+def _failing_update_run(rank, world, transport):
+    server, params = _server(rank, optimizer=_breaking_optimizer, staleness=0, transport=transport)
+    for step in range(STEPS):
+        params.grad = _grad(params.detach(), rank)
+        try:
+            server.step()
+        except RuntimeError as error:
+            return str(error), step
+    return "trained on", STEPS
+
+
+@pytest.mark.parametrize("transport", ["shm", "pg"])
+def test_an_update_that_raises_stops_the_server_and_every_rank_is_told_why(transport):
+    """The server's failure, not a worker's: no worker is dropped, nobody trains on, and every rank
+    (the server's too) raises with the optimizer's own error."""
+    results = run_ranks(3, _failing_update_run, transport, env={"RINGREDUCE_TIMEOUT": "20"})
+    for rank, (message, step) in enumerate(results):
+        assert "its update failed" in message and "the optimizer broke at its third step" in message, (rank, message)
+        assert "lost worker" not in message and step < 2, (rank, message, step)

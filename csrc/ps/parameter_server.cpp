@@ -48,11 +48,20 @@ ServerState::ServerState(float* params, std::size_t numel, int workers, std::int
 void ServerState::apply(int worker, std::uint64_t version_read, const float* grad) {
   std::unique_lock<std::mutex> lock(mutex_);
   progressed_.wait(lock, [&] { return stopped_ || may_apply(worker); });
-  RR_CHECK(!stopped_, "the parameter server has stopped");
+  if (stopped_) throw std::runtime_error(stopped_message());
   RR_CHECK(pushing_[worker], "worker ", worker, " has left and may push no more");
   RR_CHECK(version_read <= version_, "worker ", worker, " read version ", version_read, ", which the server (at version ",
            version_, ") never had");
-  update_(params_, grad, numel_);
+  try {
+    update_(params_, grad, numel_);
+  } catch (const std::exception& error) {
+    // The parameters may be half updated: nothing more is applied, and every worker is told why.
+    failure_ = detail::concat("ringreduce.ps: the parameter server stopped: its update failed at version ", version_,
+                              " (applying worker ", worker, "'s push): ", error.what());
+    stopped_ = true;
+    progressed_.notify_all();
+    throw std::runtime_error(failure_);
+  }
   const std::uint64_t staleness = version_ - version_read;
   log_.push_back(PushRecord{worker, steps_[worker], version_read, version_});
   if (keep_gradients_) gradients_.emplace_back(grad, grad + numel_);
@@ -89,7 +98,7 @@ bool ServerState::may_apply(int worker) const {
 std::uint64_t ServerState::read_for_next_step(int worker, float* out) {
   std::unique_lock<std::mutex> lock(mutex_);
   progressed_.wait(lock, [&] { return stopped_ || may_start(worker); });
-  RR_CHECK(!stopped_, "the parameter server has stopped");
+  if (stopped_) throw std::runtime_error(stopped_message());
   std::copy(params_, params_ + numel_, out);
   ++reads_[worker];
   progressed_.notify_all();
@@ -113,6 +122,15 @@ void ServerState::stop() {
 bool ServerState::stopped() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return stopped_;
+}
+
+std::string ServerState::failure() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return failure_;
+}
+
+std::string ServerState::stopped_message() const {
+  return failure_.empty() ? "ringreduce: the parameter server has stopped" : failure_;
 }
 
 std::uint64_t ServerState::version() const {
@@ -277,14 +295,19 @@ void ServerLink::serve() {
       send_params(params);
     }
   } catch (const std::exception& error) {
-    const std::string why = error.what();
-    state_.leave(worker_, why);
-    if (!state_.stopped()) {
-      std::fprintf(stderr, "ringreduce.ps: the server lost worker %d and goes on without it: %s\n", worker_, why.c_str());
+    // The server's own failure is told to the worker as it is; otherwise the worker is lost.
+    std::string notice = state_.failure();
+    if (notice.empty()) {
+      const std::string why = error.what();
+      state_.leave(worker_, why);
+      if (!state_.stopped()) {
+        std::fprintf(stderr, "ringreduce.ps: the server lost worker %d and goes on without it: %s\n", worker_,
+                     why.c_str());
+      }
+      notice = detail::concat("ringreduce.ps: the parameter server dropped worker ", worker_, ": ", why);
     }
     try {
-      transport_->abort(AbortNotice{AbortNotice::Kind::Failure,
-                                    detail::concat("ringreduce.ps: the parameter server dropped worker ", worker_, ": ", why)});
+      transport_->abort(AbortNotice{AbortNotice::Kind::Failure, notice});
     } catch (const std::exception&) {
       // The worker is gone already; there is nobody left to tell.
     }

@@ -85,6 +85,10 @@ class ServerState {
   // Wakes every waiting reader and pusher with an error; later calls throw too.
   void stop();
   bool stopped() const;
+  // Why the server stopped by itself: its update raised (empty otherwise). That is the server's
+  // failure, not the pushing worker's: the state stops, every link tells its worker this, and the
+  // server rank raises it.
+  std::string failure() const;
 
   std::uint64_t version() const;
   std::vector<PushRecord> log() const;
@@ -103,8 +107,12 @@ class ServerState {
   const std::int64_t staleness_;
   const Update update_;
   const bool keep_gradients_;
+  // What a call finds once the server has stopped (the failure, when there is one).
+  std::string stopped_message() const;
+
   std::uint64_t version_ = 0;
   bool stopped_ = false;
+  std::string failure_;
   std::vector<std::uint64_t> steps_;  // pushes applied per worker
   std::vector<std::uint64_t> reads_;  // parameter reads per worker (its join, then one per push)
   std::vector<bool> pushing_;         // workers that have not left

@@ -83,9 +83,11 @@ class Server {
     return local_->push(flat_floats(grad, state_->numel(), "grad"), flat_floats(params, state_->numel(), "params"));
   }
   void leave() { local_->leave(); }
-  // Waits for every remote worker to leave or be lost.
+  // Waits for every remote worker to leave or be lost; raises the server's failure, if any.
   void wait() {
     for (auto& link : links_) link->join();
+    const std::string failure = state_->failure();
+    if (!failure.empty()) throw std::runtime_error(failure);
   }
 
   std::uint64_t version() const { return state_->version(); }
@@ -204,9 +206,13 @@ void bind_parameter_server(py::module_& m) {
       .def("reports", &Server::reports)
       .def("gradients", &Server::gradients);
 
-  py::class_<RemoteWorker>(m, "PsWorker")
-      .def(py::init<std::shared_ptr<Transport>, std::size_t, int>(), py::arg("transport"), py::arg("numel"),
-           py::arg("server_rank"))
+  // Dropped without the GIL, as the server: its destructor tells the server it leaves, over the network.
+  py::class_<RemoteWorker, std::shared_ptr<RemoteWorker>>(m, "PsWorker")
+      .def(py::init([](std::shared_ptr<Transport> transport, std::size_t numel, int server_rank) {
+             return std::shared_ptr<RemoteWorker>(new RemoteWorker(std::move(transport), numel, server_rank),
+                                                  &delete_without_gil<RemoteWorker>);
+           }),
+           py::arg("transport"), py::arg("numel"), py::arg("server_rank"))
       .def("join", &RemoteWorker::join, py::arg("params"), release())
       .def("push", &RemoteWorker::push, py::arg("grad"), py::arg("params"), release())
       .def("leave", &RemoteWorker::leave, release())
