@@ -2,6 +2,7 @@
 
 import abc
 import datetime
+import json
 import os
 import socket
 import threading
@@ -77,6 +78,20 @@ def host_labels(store, rank, size) -> list:
     return [numbers.setdefault(identity, len(numbers)) for identity in identities]
 
 
+def agree_on_auto_table(comm, store, rank) -> None:
+    """Every rank of a new communicator follows rank 0's auto table (collective, before its first
+    call). Tables differ between hosts (a tuning file on some), and ranks that chose by different
+    lines would make different calls."""
+    mine = json.loads(json.dumps(comm.auto_table))  # lists, as the store gives them back
+    if rank == 0:
+        store.set("auto-table", json.dumps(mine))
+    agreed = json.loads(store.get("auto-table"))
+    if agreed != mine:
+        comm.adopt_auto_table(agreed["lines"], f"rank 0's table ({agreed['source']})")
+        _debug.info_once(("auto-table", id(comm)), f"rank {rank}: this rank's auto table ({mine['source']}) differs "
+                                                   f"from rank 0's ({agreed['source']}); the group follows rank 0's")
+
+
 def host_summary(comm) -> str:
     """What a communicator over several hosts runs where, for RINGREDUCE_DEBUG=INFO."""
     if not comm.has_hierarchy:
@@ -119,6 +134,11 @@ class _GroupState:
         return len(set(self.hosts())) == 1
 
     def create(self, transport, device, timeout_s):
+        comm = self._create(transport, device, timeout_s)
+        agree_on_auto_table(comm, self.fresh_store("auto-table"), self.rank)
+        return comm
+
+    def _create(self, transport, device, timeout_s):
         store = self.fresh_store(transport)
         if transport == "nccl":
             return _C.nccl_communicator(store, self.rank, self.size, device.index, timeout_s)
@@ -220,6 +240,11 @@ def _state_of(group):
     if state is None:
         state = _states[group] = _GroupState(group)
     return state
+
+
+def default_group():
+    """The default group, or None before init_process_group()."""
+    return _world.default_pg
 
 
 def group_state(group):

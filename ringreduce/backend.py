@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from ringreduce import _C, _debug
 from ringreduce._checks import algorithm_code
-from ringreduce._groups import host_labels, host_summary
+from ringreduce._groups import agree_on_auto_table, host_labels, host_summary
 
 NAME = "ringreduce"
 # The all-reduce algorithm of every ringreduce backend of the process (auto by default).
@@ -41,6 +41,7 @@ def _create(store, rank, size, timeout):
                                             datetime.timedelta(seconds=timeout_s))
         cpu = _C.pg_communicator(engine_gloo, dist.PrefixStore("pg-notices/", store), timeout_s, hosts)
         why = host_summary(cpu)
+    agree_on_auto_table(cpu, dist.PrefixStore("auto-table/", store), rank)
     if algorithm == "hierarchical" and not cpu.has_hierarchy:
         raise ValueError(f"{ALGORITHM_ENV}=hierarchical needs ranks on several hosts with several ranks on some host; "
                          f"this group has {cpu.hosts or 'every rank on one host'}. Unset it, or choose ring, central, "

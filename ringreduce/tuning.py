@@ -15,8 +15,9 @@ Calls on a transport use the lines measured at the largest world size not above 
 smallest measured, when all are above); the first line, in ascending ``up_to_bytes``, that covers
 the call's bytes names the algorithm (``null``: any size); ring where none does. The table is read
 on import from ``RINGREDUCE_TUNING_FILE``, else from ``~/.cache/ringreduce/tuning.json`` (what
-``python -m ringreduce.tune`` writes). Every rank must use the same table: ranks that choose
-differently raise MismatchError on their first such call.
+``python -m ringreduce.tune`` writes). A communicator takes the table when it is made, and its ranks
+follow rank 0's then (a file on some hosts only is fine); a table loaded later reaches the
+communicators made afterwards (``ringreduce.destroy(group)`` re-makes a group's).
 """
 
 import json

@@ -453,3 +453,61 @@ def test_the_slowest_ranks_mean_decides_not_the_median_call():
         made.append((algorithm, exploring))
     assert sum(exploring for _, exploring in made) == 3 + 3 * 5, "one_shot's mean (14.3 ms) lost a round"
     assert made[-1] == ("one_shot", False), made[-1]
+
+
+CENTRAL_EVERYWHERE = [{"transport": "shm", "world": 2, "up_to_bytes": None, "algorithm": "central"}]
+
+
+def _tables_differ(rank, world):
+    """Rank 1 has a tuning file, rank 0 none (auto learns there): the group follows rank 0."""
+    if rank == 1:
+        tuning.install(CENTRAL_EVERYWHERE, "rank 1's file")
+    else:
+        tuning.install([], tuning.LEARNED)
+    for _ in range(100):  # long enough for rank 0's learner to explore and decide
+        t = torch.full((1024,), float(rank))
+        ringreduce.all_reduce(t)
+        assert torch.equal(t, torch.ones(1024))
+    (comm,) = ringreduce._groups.group_state(None).communicators.values()
+    return comm.auto_table["source"]
+
+
+def test_ranks_with_different_tables_follow_rank_0s():
+    sources = run_ranks(2, _tables_differ)
+    assert sources == [tuning.LEARNED, f"rank 0's table ({tuning.LEARNED})"]
+
+
+def _table_loaded_under_queued_calls(rank, world):
+    tuning.install([], tuning.LEARNED)
+    tensors = [torch.full(((64 << 10) + i,), float(rank + 1)) for i in range(40)]
+    works = [ringreduce.all_reduce(t, async_op=True) for t in tensors]
+    if rank == 0:
+        tuning.install(CENTRAL_EVERYWHERE, "installed under queued calls")
+    for work in works:
+        work.wait()
+    assert all(torch.equal(t, torch.full_like(t, 3.0)) for t in tensors)
+    # It reaches the group through a collective step: the group's communicators made again.
+    ringreduce.destroy()
+    ringreduce.all_reduce(torch.ones(4))
+    (comm,) = ringreduce._groups.group_state(None).communicators.values()
+    return comm.auto_table["source"]
+
+
+def test_a_table_loaded_under_queued_calls_reaches_the_group_only_when_it_is_made_again():
+    sources = run_ranks(2, _table_loaded_under_queued_calls)
+    assert sources == ["installed under queued calls", "rank 0's table (installed under queued calls)"]
+
+
+def _deterministic_auto(rank, world):
+    tuning.install([], tuning.LEARNED)
+    torch.use_deterministic_algorithms(True)
+    for _ in range(200):
+        t = torch.ones(1024)
+        ringreduce.all_reduce(t)
+        assert torch.equal(t, torch.full((1024,), 2.0))
+    (comm,) = ringreduce._groups.group_state(None).communicators.values()
+    return comm.auto_choices()
+
+
+def test_under_deterministic_algorithms_auto_keeps_one_algorithm_per_size():
+    assert run_ranks(2, _deterministic_auto) == [{}, {}], "auto must not learn (and switch) here"

@@ -14,14 +14,9 @@
 namespace ringreduce {
 namespace {
 
-struct AutoTable {
-  std::vector<AutoRule> rules;  // sorted by transport, world, up_to_bytes
-  std::string source;
-  std::uint64_t generation = 0;  // tables set so far, when this one was
-};
-
 std::mutex table_mutex;
 std::shared_ptr<const AutoTable> table = std::make_shared<AutoTable>();
+std::uint64_t tables_made = 0;
 AutoLogger logger = nullptr;
 // (table generation, line) already announced; past the lines, rules.size() + 1 + the prior's algorithm.
 std::set<std::pair<std::uint64_t, std::size_t>> logged;
@@ -42,19 +37,25 @@ std::uint64_t class_floor(std::uint64_t bytes) {
   return width == 0 ? 0 : std::uint64_t{1} << (width - 1);
 }
 
-std::shared_ptr<const AutoTable> current_table() {
-  const std::lock_guard<std::mutex> lock(table_mutex);
-  return table;
-}
-
 }  // namespace
 
-void set_auto_table(std::vector<AutoRule> rules, std::string source) {
+std::shared_ptr<const AutoTable> make_auto_table(std::vector<AutoRule> rules, std::string source) {
   std::sort(rules.begin(), rules.end(), [](const AutoRule& a, const AutoRule& b) {
     return std::tie(a.transport, a.world, a.up_to_bytes) < std::tie(b.transport, b.world, b.up_to_bytes);
   });
   const std::lock_guard<std::mutex> lock(table_mutex);
-  table = std::make_shared<AutoTable>(AutoTable{std::move(rules), std::move(source), table->generation + 1});
+  return std::make_shared<AutoTable>(AutoTable{std::move(rules), std::move(source), ++tables_made});
+}
+
+void set_auto_table(std::vector<AutoRule> rules, std::string source) {
+  std::shared_ptr<const AutoTable> made = make_auto_table(std::move(rules), std::move(source));
+  const std::lock_guard<std::mutex> lock(table_mutex);
+  table = std::move(made);
+}
+
+std::shared_ptr<const AutoTable> current_auto_table() {
+  const std::lock_guard<std::mutex> lock(table_mutex);
+  return table;
 }
 
 void set_auto_logger(AutoLogger fn) {
@@ -72,16 +73,14 @@ Algorithm prior_algorithm(std::uint64_t bytes, bool host_memory, bool hierarchy)
   return hierarchy ? Algorithm::Hierarchical : Algorithm::Ring;
 }
 
-bool table_covers(const std::string& transport) {
-  const std::shared_ptr<const AutoTable> current = current_table();
-  return std::any_of(current->rules.begin(), current->rules.end(),
+bool table_covers(const AutoTable& table, const std::string& transport) {
+  return std::any_of(table.rules.begin(), table.rules.end(),
                      [&](const AutoRule& rule) { return rule.transport == transport; });
 }
 
-Algorithm choose_algorithm(const std::string& transport, int world, std::uint64_t bytes, bool host_memory,
-                           bool hierarchy) {
-  const std::shared_ptr<const AutoTable> current = current_table();
-  const std::vector<AutoRule>& rules = current->rules;
+Algorithm choose_algorithm(const AutoTable& table, const std::string& transport, int world, std::uint64_t bytes,
+                           bool host_memory, bool hierarchy) {
+  const std::vector<AutoRule>& rules = table.rules;
   // The world size whose lines apply: the largest measured at or below `world`, else the smallest.
   int below = -1;
   int smallest = INT_MAX;
@@ -93,7 +92,7 @@ Algorithm choose_algorithm(const std::string& transport, int world, std::uint64_
   const AutoLogger log = auto_logger();
   if (smallest == INT_MAX) {
     const Algorithm prior = prior_algorithm(bytes, host_memory, hierarchy);
-    if (log && first_time(current->generation, rules.size() + 1 + static_cast<std::size_t>(prior))) {
+    if (log && first_time(table.generation, rules.size() + 1 + static_cast<std::size_t>(prior))) {
       log(detail::concat("auto chose ", algorithm_name(prior), " for ", bytes, " B on ", transport, " with ", world,
                          " ranks: the prior (one_shot up to ", kOneShotPriorBytes, " B on host memory, ",
                          hierarchy ? "hierarchical" : "ring", " above and on devices), as no table covers ", transport,
@@ -113,12 +112,12 @@ Algorithm choose_algorithm(const std::string& transport, int world, std::uint64_
   if ((algorithm == Algorithm::OneShot && !host_memory) || (algorithm == Algorithm::Hierarchical && !hierarchy)) {
     algorithm = Algorithm::Ring;
   }
-  if (log && first_time(current->generation, chosen)) {
+  if (log && first_time(table.generation, chosen)) {
     const std::string why =
         chosen == rules.size()
-            ? detail::concat("no line of the table (", current->source, ") covers ", transport, " at ", bytes, " B: ring")
+            ? detail::concat("no line of the table (", table.source, ") covers ", transport, " at ", bytes, " B: ring")
             : detail::concat("the line \"", transport, ", ", measured, " ranks, ", bytes_text(rules[chosen].up_to_bytes),
-                             ": ", algorithm_name(rules[chosen].algorithm), "\" of ", current->source,
+                             ": ", algorithm_name(rules[chosen].algorithm), "\" of ", table.source,
                              host_memory || rules[chosen].algorithm != Algorithm::OneShot ? ""
                                                                                           : " (one_shot is host-only: ring)",
                              algorithm == rules[chosen].algorithm || rules[chosen].algorithm == Algorithm::OneShot

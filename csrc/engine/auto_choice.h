@@ -9,6 +9,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,9 +27,21 @@ struct AutoRule {
   Algorithm algorithm = Algorithm::Ring;
 };
 
-// Replaces the table; `source` says where it came from. An empty table leaves every choice to the
+// A table and where it came from. A communicator takes the process's table when it is made and
+// keeps it, so a table loaded later never changes the choice under queued calls, and the ranks of
+// a group agree on one table then (ringreduce/_groups.py: rank 0's).
+struct AutoTable {
+  std::vector<AutoRule> rules;  // sorted by transport, world, up_to_bytes
+  std::string source;
+  std::uint64_t generation = 0;  // tables made so far, when this one was
+};
+
+// A table of `rules`; `source` says where it came from. An empty table leaves every choice to the
 // learner and the prior.
+std::shared_ptr<const AutoTable> make_auto_table(std::vector<AutoRule> rules, std::string source);
+// Replaces the process's table (what communicators made from now on take).
 void set_auto_table(std::vector<AutoRule> rules, std::string source);
+std::shared_ptr<const AutoTable> current_auto_table();
 
 // Hears what auto decides (RINGREDUCE_DEBUG=INFO); null turns it off. A plain function, never a
 // closure: the logger lives in a global, which is destroyed after the Python interpreter, so it
@@ -52,15 +65,15 @@ constexpr std::uint64_t kOneShotPriorBytes = 64 * 1024;
 Algorithm prior_algorithm(std::uint64_t bytes, bool host_memory, bool hierarchy = false);
 
 // Whether the table has lines for `transport` (then they fix the choice there).
-bool table_covers(const std::string& transport);
+bool table_covers(const AutoTable& table, const std::string& transport);
 
 // The fixed choice for `bytes` on `transport` with `world` ranks: the table's when it covers the
 // transport, else the prior. Of the table, the lines measured at the largest world size not above
 // `world` apply (the smallest measured, when all are above it); the first line that covers `bytes`
 // wins, and ring where none does. One-shot gives way to ring on a device, and hierarchical where
 // the group has no `hierarchy`.
-Algorithm choose_algorithm(const std::string& transport, int world, std::uint64_t bytes, bool host_memory,
-                           bool hierarchy = false);
+Algorithm choose_algorithm(const AutoTable& table, const std::string& transport, int world, std::uint64_t bytes,
+                           bool host_memory, bool hierarchy = false);
 
 // Timed calls of each candidate in a class's first round, one candidate's calls after another (the
 // way a training loop calls; taking turns call by call, 4 ranks on 2 cores at 64 KiB measured all

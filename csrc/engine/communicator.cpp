@@ -109,13 +109,22 @@ void Communicator::run(const CollectiveArgs& args) {
 bool Communicator::auto_learns(std::uint64_t bytes) const {
   // A table the user gave wins where it has lines. A device's calls return before its work is
   // done, so the host cannot time them: there the prior stands.
-  return size() > 1 && bytes > 0 && stream_ == nullptr && !table_covers(transport_name());
+  return size() > 1 && bytes > 0 && stream_ == nullptr && !table_covers(*auto_table_, transport_name());
+}
+
+Algorithm Communicator::fixed_auto(std::uint64_t bytes) const {
+  return choose_algorithm(*auto_table_, transport_name(), size(), bytes, stream_ == nullptr, has_hierarchy());
+}
+
+void Communicator::adopt_auto_table(std::shared_ptr<const AutoTable> table) {
+  auto_table_ = std::move(table);
+  learner_.reset();  // what it learned was under the other table's lines
 }
 
 AutoLearner::Pick Communicator::resolve_auto(std::uint64_t bytes) {
   const bool host_memory = stream_ == nullptr;
   if (!auto_learns(bytes)) {
-    return {choose_algorithm(transport_name(), size(), bytes, host_memory, has_hierarchy()), false};
+    return {fixed_auto(bytes), false};
   }
   if (!learner_) learner_ = std::make_unique<AutoLearner>(transport_name(), size(), host_memory, has_hierarchy());
   return learner_->pick(bytes);

@@ -92,6 +92,12 @@ class Communicator {
   // Whether auto learns the algorithm of an all-reduce of `bytes` here: on host memory, with 2 ranks
   // or more, where no table covers the transport. Elsewhere the table or the prior decides.
   bool auto_learns(std::uint64_t bytes) const;
+  // What auto runs for `bytes` without learning: the table's line, or the prior.
+  Algorithm fixed_auto(std::uint64_t bytes) const;
+  // The auto table this communicator follows: the process's when it was made, until the group
+  // agrees on another (adopt it before the first collective, from a job of executor()).
+  const AutoTable& auto_table() const { return *auto_table_; }
+  void adopt_auto_table(std::shared_ptr<const AutoTable> table);
 
  private:
   // The algorithm an Auto all-reduce of `bytes` runs, and whether the learner is trying it.
@@ -118,6 +124,7 @@ class Communicator {
   ReducerFactory make_reducer_;
   // Reducers made so far, by dtype and op: a call reuses them instead of allocating.
   std::unique_ptr<Reducer> reducers_[kDTypeCount][kReduceOpCount];
+  std::shared_ptr<const AutoTable> auto_table_ = current_auto_table();
   std::unique_ptr<AutoLearner> learner_;  // made by the first Auto call that learns
   std::uint64_t sequence_ = 0;  // collectives issued so far (travels in the headers)
   AbortNotice broken_;          // why the communicator stopped; empty message while healthy

@@ -48,6 +48,21 @@ namespace {
 // A Work to Python, or None for a blocking call that already ran.
 py::object to_python(const c10::intrusive_ptr<c10d::Work>& work) { return work ? py::cast(work) : py::none(); }
 
+// An auto table as Python passes it: (transport, world, up_to_bytes, algorithm code) lines.
+using TableLines = std::vector<std::tuple<std::string, int, std::uint64_t, int>>;
+
+std::vector<AutoRule> rules_of(const TableLines& lines) {
+  std::vector<AutoRule> rules;
+  for (const auto& [transport, world, up_to_bytes, algorithm] : lines) {
+    if (algorithm < 0 || algorithm >= static_cast<int>(Algorithm::Auto) || world < 1) {
+      throw py::value_error(detail::concat("bad auto table line for ", transport, ": world ", world,
+                                           ", algorithm code ", algorithm));
+    }
+    rules.push_back({transport, world, up_to_bytes, static_cast<Algorithm>(algorithm)});
+  }
+  return rules;
+}
+
 Algorithm checked_algorithm(int algorithm_code) {
   if (algorithm_code < 0 || algorithm_code > static_cast<int>(Algorithm::Auto)) {
     throw std::invalid_argument(detail::concat("ringreduce: bad algorithm code ", algorithm_code));
@@ -244,6 +259,30 @@ PYBIND11_MODULE(_C, m) {
             return named;
           },
           "what algorithm='auto' runs now in each size class it has learned: {smallest size in bytes: algorithm}")
+      .def_property_readonly(
+          "auto_table",
+          [](const Communicator& communicator) {
+            const AutoTable& table = communicator.auto_table();
+            py::list lines;
+            for (const AutoRule& r : table.rules) {
+              lines.append(py::make_tuple(r.transport, r.world, r.up_to_bytes, static_cast<int>(r.algorithm)));
+            }
+            py::dict out;
+            out["source"] = table.source;
+            out["lines"] = lines;
+            return out;
+          },
+          "The auto table this communicator follows: {'source': where it came from, 'lines': [(transport, world, "
+          "up_to_bytes, algorithm code)]}.")
+      .def(
+          "adopt_auto_table",
+          [](Communicator& communicator, const TableLines& lines, std::string source) {
+            std::shared_ptr<const AutoTable> table = make_auto_table(rules_of(lines), std::move(source));
+            const py::gil_scoped_release release;
+            communicator.executor().run([&] { communicator.adopt_auto_table(table); });
+          },
+          py::arg("lines"), py::arg("source"),
+          "Follow this table from now on (the group's agreed one; before its first collective).")
       .def("auto_learns", &Communicator::auto_learns, py::arg("bytes"),
            "whether algorithm='auto' learns the algorithm of an all-reduce of `bytes` here (else a table or the prior "
            "decides)")
@@ -348,17 +387,7 @@ PYBIND11_MODULE(_C, m) {
         "How a trace file writes `ns` nanoseconds (Chrome's microseconds), for tests.");
   m.def(
       "set_auto_table",
-      [](const std::vector<std::tuple<std::string, int, std::uint64_t, int>>& lines, std::string source) {
-        std::vector<AutoRule> rules;
-        for (const auto& [transport, world, up_to_bytes, algorithm] : lines) {
-          if (algorithm < 0 || algorithm >= static_cast<int>(Algorithm::Auto) || world < 1) {
-            throw py::value_error(ringreduce::detail::concat("bad auto table line for ", transport, ": world ", world,
-                                                 ", algorithm code ", algorithm));
-          }
-          rules.push_back({transport, world, up_to_bytes, static_cast<Algorithm>(algorithm)});
-        }
-        set_auto_table(std::move(rules), std::move(source));
-      },
+      [](const TableLines& lines, std::string source) { set_auto_table(rules_of(lines), std::move(source)); },
       py::arg("lines"), py::arg("source"),
       "Replaces the auto table: (transport, world, up_to_bytes, algorithm code) lines.");
   m.def(
@@ -367,7 +396,7 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "choose_algorithm",
       [](const std::string& transport, int world, std::uint64_t bytes, bool host_memory) {
-        return static_cast<int>(choose_algorithm(transport, world, bytes, host_memory));
+        return static_cast<int>(choose_algorithm(*current_auto_table(), transport, world, bytes, host_memory));
       },
       py::arg("transport"), py::arg("world"), py::arg("bytes"), py::arg("host_memory") = true,
       "The algorithm code of the table, or of the prior where the table has no lines (what auto runs before it learns).");

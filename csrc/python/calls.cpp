@@ -349,12 +349,14 @@ Call all_reduce_call(Communicator& communicator, const at::Tensor& tensor, Reduc
                                 "or 'central' on a device (CUDA, or the simulated one)");
   }
   if (algorithm == Algorithm::Hierarchical && !communicator.has_hierarchy()) {
-    const HostLayout* layout = communicator.host_layout();
     throw std::invalid_argument(detail::concat(
         "ringreduce: algorithm 'hierarchical' needs a group whose ranks span several hosts, with several ranks on "
-        "some host; this group's ", communicator.transport_name(), " communicator has ",
-        layout != nullptr ? layout->describe() : "every rank on one host (or no host layout)",
-        ". Use 'auto', 'ring', 'central' or 'one_shot'"));
+        "some host; ", hosts_of(communicator), ". Use 'auto', 'ring', 'central' or 'one_shot'"));
+  }
+  // Under torch.use_deterministic_algorithms(True) auto does not learn: each size keeps one
+  // algorithm (the table's or the prior's) for the whole run, so sums repeat from run to run.
+  if (algorithm == Algorithm::Auto && at::globalContext().deterministicAlgorithms()) {
+    algorithm = communicator.fixed_auto(static_cast<std::uint64_t>(tensor.numel()) * tensor.element_size());
   }
   // (auto may try central: its root must be a rank too)
   if ((algorithm == Algorithm::Central || algorithm == Algorithm::Auto) && (root < 0 || root >= communicator.size())) {
