@@ -49,6 +49,8 @@ def all_reduce(
     Returns:
         None, or the work handle when ``async_op`` is true; its future's value is ``[tensor]``.
     """
+    if group is None:  # remembered and destroyed as the group itself
+        group = _groups.default_group()
     # Fast path: a call like one that passed every check before skips the checks (in C++).
     if segment_bytes is None and root == 0:
         work = _repeat_checked_call(tensor, op, group, async_op, algorithm, transport)

@@ -20,7 +20,10 @@ def average_parameters(params, group=None, algorithm="ring", transport=None) -> 
     """Replace each parameter by its mean over the ranks of `group`: one all-reduce per dtype, of
     every parameter of that dtype packed into one flat buffer. Collective."""
     by_dtype = {}
-    for p in params:
+    for i, p in enumerate(params):
+        if not p.dtype.is_floating_point:
+            raise TypeError(f"parameter {i} is {p.dtype}: only floating-point parameters can be averaged; leave it "
+                            "out (nothing was averaged)")
         by_dtype.setdefault(p.dtype, []).append(p)
     with torch.no_grad():
         for same in by_dtype.values():
@@ -50,6 +53,8 @@ class LocalSGD:
         due = self.steps >= self.warmup_steps and (self.steps - self.warmup_steps) % self.period == 0
         self.steps += 1
         if due:
-            average_parameters(self.params, self.group, self.algorithm, self.transport)
+            # As torch's model averagers: parameters without a gradient (frozen, unused) are left alone.
+            params = [p for p in self.params if p.grad is not None]
+            average_parameters(params, self.group, self.algorithm, self.transport)
             self.averagings += 1
         return due

@@ -109,3 +109,25 @@ def test_a_bad_period_is_refused():
         ringreduce.LocalSGD([], period=0)
     with pytest.raises(ValueError, match="warmup_steps"):
         ringreduce.LocalSGD([], period=2, warmup_steps=-1)
+
+
+def _frozen_and_integer_parameters(rank, world):
+    import ringreduce
+
+    trained = torch.nn.Parameter(torch.full((4,), float(rank)))
+    frozen = torch.nn.Parameter(torch.full((3,), float(rank)))
+    trained.grad = torch.zeros(4)  # `frozen` has no gradient, as after a backward that did not reach it
+    ringreduce.LocalSGD([trained, frozen], period=1).step()
+    averaged = trained.tolist(), frozen.tolist()
+    with torch.no_grad():
+        trained.fill_(10.0 + rank)
+    with pytest.raises(TypeError, match="parameter 1 is torch.int64: only floating-point parameters"):
+        ringreduce.average_parameters([trained, torch.arange(3) + rank])
+    return averaged, trained.tolist()
+
+
+def test_local_sgd_skips_parameters_without_gradients_and_integers_are_refused_before_anything_moves():
+    results = run_ranks(2, _frozen_and_integer_parameters)
+    for rank, ((trained, frozen), after_refusal) in enumerate(results):
+        assert trained == [0.5] * 4 and frozen == [float(rank)] * 3
+        assert after_refusal == [10.0 + rank] * 4, "a refused call must leave every parameter alone"

@@ -199,3 +199,20 @@ def _repeated_calls(rank, world):
 
 def test_repeated_calls_that_differ_in_one_argument_each_reach_their_own_communicator():
     assert run_ranks(3, _repeated_calls) == [True] * 3
+
+
+def _destroy_world_after_default_calls(rank, world):
+    t = torch.ones(8)
+    for _ in range(3):
+        ringreduce.all_reduce(t)  # group=None: the checked fast path from the second call on
+    (old,) = ringreduce._groups.group_state(None).communicators.values()
+    ringreduce.destroy(dist.group.WORLD)
+    t = torch.ones(8)
+    ringreduce.all_reduce(t)
+    made = ringreduce._groups.group_state(None).communicators
+    return len(made) == 1 and next(iter(made.values())) is not old, t.tolist()
+
+
+def test_destroying_the_default_group_reaches_calls_made_with_group_none():
+    results = run_ranks(2, _destroy_world_after_default_calls)
+    assert results == [(True, [2.0] * 8)] * 2

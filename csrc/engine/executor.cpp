@@ -52,15 +52,15 @@ bool OrderedExecutor::idle() {
 
 OrderedExecutor::~OrderedExecutor() {
   {
-    const std::lock_guard<std::mutex> lock(registry().mutex);
-    registry().executors.erase(this);
-  }
-  {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
   changed_.notify_all();
   worker_.join();
+  // Registered until its worker has ended: wait_until_all_idle() counts a worker that finishes its
+  // last jobs (which may run Python) as busy.
+  const std::lock_guard<std::mutex> lock(registry().mutex);
+  registry().executors.erase(this);
 }
 
 bool OrderedExecutor::try_claim() {

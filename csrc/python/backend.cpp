@@ -118,6 +118,7 @@ void RingReduceBackend::drop_delegates_at_exit() {
       std::lock_guard<std::mutex> own(backend->mutex_);
       dropped.push_back(std::move(backend->fallback_));
       dropped.push_back(std::move(backend->cuda_fallback_));
+      backend->delegates_dropped_ = true;
     }
   }
   dropped.clear();  // outside the locks: gloo's destructor waits for its threads
@@ -161,24 +162,25 @@ Communicator& RingReduceBackend::communicator(const at::Tensor& tensor) {
 #endif
 }
 
-c10d::Backend& RingReduceBackend::fallback(const std::vector<at::Tensor>& tensors, const char* op) {
+c10::intrusive_ptr<c10d::Backend> RingReduceBackend::fallback(const std::vector<at::Tensor>& tensors, const char* op) {
   const bool cuda = std::any_of(tensors.begin(), tensors.end(), [](const at::Tensor& t) { return t.is_cuda(); });
-  TORCH_CHECK(!cuda || cuda_fallback_, "the ringreduce backend sends ", op, " on CUDA tensors to torch's NCCL "
+  c10::intrusive_ptr<c10d::Backend> target;
+  bool first = false;
+  {
+    // Read under the lock and held for the call: drop_delegates_at_exit() may take them meanwhile.
+    std::lock_guard<std::mutex> lock(mutex_);
+    target = cuda ? cuda_fallback_ : fallback_;
+    if (target && announce_) first = announced_.insert(op).second;
+  }
+  TORCH_CHECK(target || !delegates_dropped_, "the ringreduce backend's ", cuda ? "NCCL" : "gloo", " delegate for ", op,
+              " was released at interpreter exit");
+  TORCH_CHECK(target || !cuda, "the ringreduce backend sends ", op, " on CUDA tensors to torch's NCCL "
               "backend, which this torch lacks (or CUDA was not available when the group was made); initialise with "
               "backend=\"cpu:ringreduce,cuda:gloo\" or use CPU tensors");
-  TORCH_CHECK(cuda || fallback_, "the ringreduce backend's gloo delegate for ", op,
-              " was released at interpreter exit");
-  c10d::Backend& target = cuda ? *cuda_fallback_ : *fallback_;
-  if (announce_) {
-    bool first;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      first = announced_.insert(op).second;
-    }
-    if (first) {
-      debug_info(detail::concat("backend rank ", getRank(), "/", getSize(), ": ", op,
-                                cuda ? " (CUDA) goes to nccl" : " goes to gloo"));
-    }
+  TORCH_CHECK(target, "the ringreduce backend has no gloo delegate for ", op);
+  if (first) {
+    debug_info(detail::concat("backend rank ", getRank(), "/", getSize(), ": ", op,
+                              cuda ? " (CUDA) goes to nccl" : " goes to gloo"));
   }
   return target;
 }
@@ -312,30 +314,31 @@ c10::intrusive_ptr<c10d::Work> RingReduceBackend::barrier(const c10d::BarrierOpt
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::allreduce_sparse(std::vector<at::Tensor>& tensors,
                                                                    const c10d::AllreduceOptions& opts) {
-  c10d::Backend& target = fallback(tensors, "allreduce of a sparse tensor");
+  const c10::intrusive_ptr<c10d::Backend> target = fallback(tensors, "allreduce of a sparse tensor");
   // gloo takes sparse tensors through allreduce; torch's NCCL through allreduce_sparse.
-  return &target == fallback_.get() ? target.allreduce(tensors, opts) : target.allreduce_sparse(tensors, opts);
+  const bool cuda = std::any_of(tensors.begin(), tensors.end(), [](const at::Tensor& t) { return t.is_cuda(); });
+  return cuda ? target->allreduce_sparse(tensors, opts) : target->allreduce(tensors, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                       std::vector<at::Tensor>& inputs,
                                                                       const c10d::AllgatherOptions& opts) {
-  return fallback(inputs, "allgather_coalesced").allgather_coalesced(outputs, inputs, opts);
+  return fallback(inputs, "allgather_coalesced")->allgather_coalesced(outputs, inputs, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                                   std::vector<at::Tensor>& inputs,
                                                                                   const c10d::AllgatherOptions& opts) {
-  return fallback(inputs, "allgather_into_tensor_coalesced").allgather_into_tensor_coalesced(outputs, inputs, opts);
+  return fallback(inputs, "allgather_into_tensor_coalesced")->allgather_into_tensor_coalesced(outputs, inputs, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
-  return fallback(inputs, "reduce_scatter_tensor_coalesced").reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+  return fallback(inputs, "reduce_scatter_tensor_coalesced")->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
 }
 
 void RingReduceBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
-  fallback({}, "monitoredBarrier").monitoredBarrier(opts, wait_all_ranks);
+  fallback({}, "monitoredBarrier")->monitoredBarrier(opts, wait_all_ranks);
 }
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::reduce(std::vector<at::Tensor>& tensors,
@@ -351,38 +354,38 @@ c10::intrusive_ptr<c10d::Work> RingReduceBackend::reduce(std::vector<at::Tensor>
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::GatherOptions& opts) {
-  return fallback(inputs, "gather").gather(outputs, inputs, opts);
+  return fallback(inputs, "gather")->gather(outputs, inputs, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::scatter(std::vector<at::Tensor>& outputs,
                                                           std::vector<std::vector<at::Tensor>>& inputs,
                                                           const c10d::ScatterOptions& opts) {
-  return fallback(outputs, "scatter").scatter(outputs, inputs, opts);
+  return fallback(outputs, "scatter")->scatter(outputs, inputs, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                                 std::vector<int64_t>& output_splits,
                                                                 std::vector<int64_t>& input_splits,
                                                                 const c10d::AllToAllOptions& opts) {
-  return fallback({input}, "alltoall").alltoall_base(output, input, output_splits, input_splits, opts);
+  return fallback({input}, "alltoall")->alltoall_base(output, input, output_splits, input_splits, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                            std::vector<at::Tensor>& inputs,
                                                            const c10d::AllToAllOptions& opts) {
-  return fallback(inputs, "alltoall").alltoall(outputs, inputs, opts);
+  return fallback(inputs, "alltoall")->alltoall(outputs, inputs, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
-  return fallback(tensors, "send").send(tensors, dst, tag);
+  return fallback(tensors, "send")->send(tensors, dst, tag);
 }
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
-  return fallback(tensors, "recv").recv(tensors, src, tag);
+  return fallback(tensors, "recv")->recv(tensors, src, tag);
 }
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  return fallback(tensors, "recv").recvAnysource(tensors, tag);
+  return fallback(tensors, "recv")->recvAnysource(tensors, tag);
 }
 
 }  // namespace ringreduce

@@ -92,7 +92,8 @@ class RingReduceBackend final : public c10d::Backend {
   // "ring", else auto (hierarchical where every host has the same number of ranks).
   Algorithm chunked_algorithm() const { return algorithm_ == Algorithm::Ring ? Algorithm::Ring : Algorithm::Auto; }
   // The fallback for an op the engine does not run: gloo for CPU tensors, NCCL for CUDA tensors.
-  c10d::Backend& fallback(const std::vector<at::Tensor>& tensors, const char* op);
+  // (A reference held for the call.)
+  c10::intrusive_ptr<c10d::Backend> fallback(const std::vector<at::Tensor>& tensors, const char* op);
 
   c10::intrusive_ptr<c10d::Store> store_;
   std::chrono::milliseconds timeout_;
@@ -103,6 +104,7 @@ class RingReduceBackend final : public c10d::Backend {
   bool announce_;
   std::mutex mutex_;
   std::set<std::string> announced_;                   // ops already delegated once
+  bool delegates_dropped_ = false;                    // by drop_delegates_at_exit()
   // GPU communicators in the order they were made, with their device index. Every rank makes its
   // k-th under the store prefix "nccl/<k>/", whatever its device, so ranks that each use their own
   // GPU (rank r on cuda:r) meet, as torch's NCCL backend numbers its communicators.
