@@ -113,6 +113,9 @@ class _GroupState:
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
         self.communicators = {}
+        # Held while this group's communicators are made (collective): per group, so two threads
+        # that make two groups' first calls never wait for each other across ranks.
+        self.building = threading.Lock()
         self._hosts = None
         entry = dist.distributed_c10d._world.pg_map.get(group)
         self._store = entry[1] if entry is not None else group.get_group_store()
@@ -223,6 +226,10 @@ def _resolve(group, device, transport):
         )
     with _lock:
         state = _state_of(group)
+    # Not under _lock: making a communicator waits for the other ranks, and a thread of theirs may
+    # be making another group's first (a rank whose threads took _lock in the other order waited
+    # for it forever).
+    with state.building:
         name, reason = state.choose(device_type) if transport is None else (transport, "requested")
         comm = state.communicators.get((name, device))
         if comm is None:

@@ -216,3 +216,32 @@ def _destroy_world_after_default_calls(rank, world):
 def test_destroying_the_default_group_reaches_calls_made_with_group_none():
     results = run_ranks(2, _destroy_world_after_default_calls)
     assert results == [(True, [2.0] * 8)] * 2
+
+
+def _two_groups_made_by_two_threads(rank, world):
+    """Each rank's two threads make the first call of one group each, rank 0's WORLD thread first
+    and rank 1's other thread first: the makings must not wait for each other."""
+    import threading
+    import time
+
+    other = dist.new_group(list(range(world)))
+    results = {}
+
+    def first_call(group, delayed):
+        if delayed:
+            time.sleep(0.5)
+        t = torch.full((1000,), float(rank + 1))
+        ringreduce.all_reduce(t, group=group)
+        results[group is None] = t.tolist()
+
+    threads = [threading.Thread(target=first_call, args=(None, rank == 1)),
+               threading.Thread(target=first_call, args=(other, rank == 0))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return not any(thread.is_alive() for thread in threads) and results == {True: [3.0] * 1000, False: [3.0] * 1000}
+
+
+def test_two_threads_making_two_groups_first_calls_in_opposite_orders_on_two_ranks():
+    assert run_ranks(2, _two_groups_made_by_two_threads, timeout=120) == [True, True]
