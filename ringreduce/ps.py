@@ -27,6 +27,8 @@ from ringreduce import _C, _groups
 from ringreduce._flat import flat_views
 
 TRANSPORTS = ("shm", "pg")
+# close() waits for the workers in slices this long, so Ctrl-C reaches it between them.
+_CLOSE_WAIT_SLICE_S = 0.1
 
 
 def _check_params(params):
@@ -92,7 +94,7 @@ class ParameterServer:
                                        float(lr or 0.0), self._update(optimizer), record)
             for worker in range(state.size):
                 if worker != server_rank:
-                    self._server.add_link(worker, self._link(store, worker, 0, timeout_s))
+                    self._server.add_link(worker, self._link(store, worker, 0, timeout_s), timeout_s)
             self._worker = self._server
         else:
             self._server = None
@@ -120,9 +122,13 @@ class ParameterServer:
         """The transport between the server (side 0) and `worker` (side 1); collective for those two."""
         pair = dist.PrefixStore(f"{worker}/", store)
         if self.transport == "shm":
-            return _C.shm_transport(pair, side, 2, timeout_s)
-        gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", pair), side, 2, datetime.timedelta(seconds=timeout_s))
-        return _C.pg_transport(gloo, dist.PrefixStore("notices/", pair), timeout_s)
+            link = _C.shm_transport(pair, side, 2, timeout_s)
+        else:
+            gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", pair), side, 2,
+                                         datetime.timedelta(seconds=timeout_s))
+            link = _C.pg_transport(gloo, dist.PrefixStore("notices/", pair), timeout_s)
+        link.name_ranks([self.server_rank, worker])  # its errors name the group's ranks
+        return link
 
     def _load(self):
         with torch.no_grad():
@@ -165,19 +171,43 @@ class ParameterServer:
 
     def close(self) -> dict:
         """This rank pushes no more. On the server rank, waits until every worker has left or been
-        lost. Returns stats()."""
+        lost; Ctrl-C during that wait stops the server (every worker is told). Returns stats()."""
         if not self._closed:
             self._closed = True
             self._worker.leave()
             if self._server is not None:
-                self._server.wait()
+                try:
+                    while not self._server.wait(_CLOSE_WAIT_SLICE_S):
+                        pass
+                except KeyboardInterrupt:
+                    self.stop("the server rank was interrupted while waiting for its workers")
+                    raise
         return self.stats()
+
+    def stop(self, why="the server rank stopped it"):
+        """Server rank: stops the server now, without waiting for the workers; each worker's next
+        step raises, saying `why`. On a worker's rank, the same as close()."""
+        if self._server is None:
+            self.close()
+            return
+        self._closed = True
+        self._server.stop(f"ringreduce.ps: the parameter server has stopped: {why}")
 
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        elif self._server is not None:
+            # Waiting would let the workers train on without this rank's bound; stop them instead.
+            self.stop(f"the server rank left by {exc_type.__name__}: {exc}")
+        elif not self._closed:
+            self._closed = True
+            try:
+                self._worker.leave()
+            except RuntimeError:
+                pass  # the server is gone already; the exception on its way says what happened
 
     def stats(self) -> dict:
         """This rank's pushes and traffic; on the server rank also every worker's report, the staleness

@@ -48,7 +48,8 @@ def _replay_run(rank, world, transport, use_optimizer):
         server.step()
     stats = server.close()
     if rank != 0:
-        assert stats["pushes"] == STEPS and stats["bytes_sent"] == STEPS * (32 + 4 * NUMEL) + 32
+        # A hello, STEPS pushes (a message and the gradient), and the leave.
+        assert stats["pushes"] == STEPS and stats["bytes_sent"] == 16 + STEPS * (32 + 4 * NUMEL) + 32
         return None
     # The server: replay every logged gradient in order from the start, with the same update.
     log, grads = server.log(), server.gradients()
@@ -147,6 +148,8 @@ def test_a_worker_that_dies_is_dropped_and_the_others_finish(transport):
     results = run_ranks(3, _dying_worker_run, transport, dying=(2,))
     lost, _ = results[0]
     assert list(lost) == [2], lost
+    # The message names the group's ranks, not the ranks inside the server's private pair.
+    assert "rank 2" in lost[2] and "rank 1" not in lost[2], lost[2]
     assert [r[1] for r in results[:2]] == [STEPS, STEPS]
     assert results[2] == 3
 
@@ -235,9 +238,10 @@ def _dropped_server_run(rank, world):
         server, params = _server(rank, lr=0.1)  # a late worker may find the server stopped already
         for step in range(1000):
             if rank == 0 and step == 2:
+                start = time.monotonic()
                 del server  # dropped without close(), while the workers are still pushing
                 gc.collect()
-                return "dropped"
+                return time.monotonic() - start
             params.grad = _grad(params.detach(), rank)
             server.step()
     except RuntimeError as error:
@@ -247,9 +251,10 @@ def _dropped_server_run(rank, world):
 
 def test_a_server_dropped_without_close_stops_its_workers_with_an_error():
     results = run_ranks(3, _dropped_server_run, env={"RINGREDUCE_TIMEOUT": "10"})
-    assert results[0] == "dropped"
+    # Its links are woken, not left to the transport's timeout (10 s here).
+    assert results[0] < 2.0, f"dropping the server took {results[0]:.1f} s"
     for message in results[1:]:
-        assert "the parameter server has stopped" in message, message
+        assert "the parameter server has stopped" in message and "dropped without close()" in message, message
 
 
 def _breaking_optimizer(p):
@@ -287,3 +292,112 @@ def test_an_update_that_raises_stops_the_server_and_every_rank_is_told_why(trans
     for rank, (message, step) in enumerate(results):
         assert "its update failed" in message and "the optimizer broke at its third step" in message, (rank, message)
         assert "lost worker" not in message and step < 2, (rank, message, step)
+
+
+def _server_leaves_by_exception_run(rank, world, transport):
+    import ringreduce.ps
+
+    params = torch.nn.Parameter(_start() if rank == 0 else torch.zeros(NUMEL))
+    start = None
+    try:
+        with ringreduce.ps.ParameterServer([params], lr=0.1, staleness=0, transport=transport) as server:
+            for step in range(100):
+                if rank == 0 and step == 2:
+                    start = time.monotonic()
+                    raise ValueError("the server rank's own loop failed")
+                time.sleep(0.02)
+                params.grad = _grad(params.detach(), rank)
+                server.step()
+    except ValueError:
+        return time.monotonic() - start
+    except RuntimeError as error:
+        return str(error)
+    return "trained to the end"
+
+
+@pytest.mark.parametrize("transport", ["shm", "pg"])
+def test_a_server_rank_that_leaves_by_an_exception_stops_the_workers_at_once(transport):
+    """Not a wait for the workers' whole loops (2 s here) with the bound gone: they are stopped."""
+    results = run_ranks(3, _server_leaves_by_exception_run, transport, env={"RINGREDUCE_TIMEOUT": "20"})
+    assert results[0] < 1.0, f"leaving the with block took {results[0]:.1f} s"
+    for message in results[1:]:
+        assert "left by ValueError: the server rank's own loop failed" in message, message
+
+
+def _interrupted_close_run(rank, world):
+    import _thread
+    import threading
+
+    server, params = _server(rank, lr=0.1)
+    if rank == 0:
+        threading.Timer(0.5, _thread.interrupt_main).start()  # Ctrl-C, half a second into close()
+        start = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            server.close()
+        return time.monotonic() - start
+    try:
+        for _ in range(200):  # 10 s of training
+            time.sleep(0.05)
+            params.grad = _grad(params.detach(), rank)
+            server.step()
+    except RuntimeError as error:
+        return str(error)
+    return "never told"
+
+
+def test_ctrl_c_during_close_stops_the_server():
+    results = run_ranks(2, _interrupted_close_run, env={"RINGREDUCE_TIMEOUT": "20"})
+    assert 0.4 < results[0] < 1.5, f"close() took {results[0]:.1f} s to take Ctrl-C"
+    assert "interrupted while waiting for its workers" in results[1], results[1]
+
+
+def _slow_server_rank_run(rank, world, transport):
+    server, params = _server(rank, lr=0.1, staleness=0, transport=transport)
+    for step in range(4):
+        if rank == 0 and step == 1:
+            time.sleep(4.0)  # the server rank's own work (an evaluation, a checkpoint): 2.7 timeouts
+        params.grad = _grad(params.detach(), rank)
+        server.step()
+    stats = server.close()
+    return stats.get("lost", {}), stats["pushes"]
+
+
+@pytest.mark.parametrize("transport", ["shm", "pg"])
+def test_workers_held_back_by_the_bound_longer_than_the_timeout_go_on(transport):
+    """The bound holds the workers while the server rank is busy: keep-alives tell them it lives."""
+    results = run_ranks(3, _slow_server_rank_run, transport, env={"RINGREDUCE_TIMEOUT": "1.5"})
+    assert results[0] == ({}, 4), results[0]
+    assert [pushes for _, pushes in results[1:]] == [4, 4]
+
+
+def _foreign_worker_run(rank, world):
+    """Rank 2 speaks another protocol version: a 16-byte hello, then a longer message than ours."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from ringreduce import _groups
+
+    if rank != 2:
+        server, params = _server(rank, lr=0.1, staleness=None, transport="pg")
+        for _ in range(3):
+            params.grad = _grad(params.detach(), rank)
+            server.step()
+        return server.close().get("lost")
+    pair = dist.PrefixStore("2/", _groups.group_state(None).fresh_store("ps"))
+    gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", pair), 1, 2, datetime.timedelta(seconds=20))
+    hello = torch.tensor([0x53505252, 1, 48, 0], dtype=torch.int32).view(torch.uint8)
+    gloo.send([hello], 0, 0).wait()
+    try:
+        gloo.send([torch.zeros(48, dtype=torch.uint8)], 0, 1).wait()
+    except RuntimeError:
+        pass  # the server has closed the pair already
+    return None
+
+
+def test_a_worker_of_another_protocol_version_is_refused_and_the_server_lives():
+    """Over gloo a message longer than the receive posted for it aborts the process: the server
+    checks a fixed-size hello before it trusts anything else."""
+    lost = run_ranks(3, _foreign_worker_run, env={"RINGREDUCE_TIMEOUT": "20"})[0]
+    assert list(lost) == [2], lost
+    assert "protocol version 1 (48-byte messages)" in lost[2] and "install the same ringreduce" in lost[2], lost

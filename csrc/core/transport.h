@@ -99,7 +99,21 @@ class Transport {
   // (the first rank to abort wins). The transport is unusable afterwards.
   AbortNotice abort(const AbortNotice& notice);
 
+  // Thread-safe, unlike the rest: makes a wait running on another thread raise soon (within a
+  // liveness poll), so an owner that stops can end a thread blocked on a peer that is alive but
+  // silent. The transport is unusable afterwards; abort() it from the waiting thread. A transport
+  // that cannot wake a wait leaves it to its timeout (the default).
+  virtual void cancel() {}
+
+  // The ranks this transport's ranks stand for, for messages only (a parameter server's private
+  // pair names the group's ranks, not 0 and 1). Empty: themselves.
+  void name_ranks(std::vector<int> names) { rank_names_ = std::move(names); }
+
  protected:
+  // How messages name transport rank `rank`.
+  int rank_name(int rank) const {
+    return rank >= 0 && static_cast<std::size_t>(rank) < rank_names_.size() ? rank_names_[rank] : rank;
+  }
   // Complete one request of this transport (wait() adds the forwarding).
   virtual void complete(Request request) = 0;
   // The transport's part of abort(): tell the peers, and return the group's first notice.
@@ -112,6 +126,7 @@ class Transport {
   CollectiveHeader header_;
   bool check_ = true;
   std::size_t lane_ = 0;
+  std::vector<int> rank_names_;
 
  private:
   struct Forward {

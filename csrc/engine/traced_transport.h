@@ -29,6 +29,7 @@ class TracedTransport final : public Transport {
   void agree_with_every_peer() override { inner_->agree_with_every_peer(); }
   void raise_if_failed() override { inner_->raise_if_failed(); }
   void flush() override;
+  void cancel() override { inner_->cancel(); }
 
   Request isend(int peer, const void* data, std::size_t bytes) override;
   Request irecv(int peer, void* data, std::size_t bytes) override;

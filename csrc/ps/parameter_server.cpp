@@ -15,6 +15,44 @@ constexpr int kWorkerSide = 1;
 
 std::uint64_t payload_bytes(std::size_t numel) { return numel * sizeof(float); }
 
+Message make_message(Kind kind, std::uint64_t step, std::uint64_t version, std::uint64_t numel) {
+  Message message;
+  message.kind = static_cast<std::uint32_t>(kind);
+  message.step = step;
+  message.version = version;
+  message.numel = numel;
+  return message;
+}
+
+bool is(const Message& message, Kind kind) { return message.kind == static_cast<std::uint32_t>(kind); }
+
+// Receives the next Message from `peer`; a frame without the magic is refused.
+Message receive_message(Transport& transport, int peer) {
+  Message message;
+  transport.wait(transport.irecv(peer, &message, sizeof message));
+  RR_CHECK(message.magic == kMagic, "a parameter-server message without its magic number arrived (",
+           message.magic, "): the peer is not a ringreduce parameter server of this version");
+  return message;
+}
+
+// Sends our Hello to `peer` and checks theirs: the same protocol, and the same Message. `who` names
+// the peer in the error.
+void exchange_hello(Transport& transport, int peer, const std::string& who) {
+  Hello ours;
+  ours.message_bytes = sizeof(Message);
+  Hello theirs;
+  const Request sent = transport.isend(peer, &ours, sizeof ours);
+  transport.wait(transport.irecv(peer, &theirs, sizeof theirs));
+  // Checked before waiting for our own hello to arrive: a foreign peer may never take it.
+  RR_CHECK(theirs.magic == kMagic, who, " is not a ringreduce parameter server peer (its first frame has magic ",
+           theirs.magic, ")");
+  RR_CHECK(theirs.version == kProtocolVersion && theirs.message_bytes == sizeof(Message), who,
+           " speaks parameter-server protocol version ", theirs.version, " (", theirs.message_bytes,
+           "-byte messages), this rank version ", kProtocolVersion, " (", sizeof(Message),
+           "-byte messages): install the same ringreduce on every rank");
+  transport.wait(sent);
+}
+
 // Sends `message` and the message.numel floats of its payload; returns the bytes sent.
 std::uint64_t send_message(Transport& transport, int peer, const Message& message, const float* payload) {
   const Request header = transport.isend(peer, &message, sizeof message);
@@ -45,10 +83,25 @@ ServerState::ServerState(float* params, std::size_t numel, int workers, std::int
   RR_CHECK(staleness >= kUnbounded, "staleness bound ", staleness, " is neither unbounded nor >= 0");
 }
 
+bool ServerState::may(int worker, Turn turn) const {
+  return turn == Turn::Apply ? may_apply(worker) : may_start(worker);
+}
+
+void ServerState::throw_stopped() const {
+  throw std::runtime_error(failure_.empty() ? stop_reason_ : failure_);
+}
+
+bool ServerState::await_turn(int worker, Turn turn, std::chrono::milliseconds within) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const bool ended = progressed_.wait_for(lock, within, [&] { return stopped_ || may(worker, turn); });
+  if (stopped_) throw_stopped();
+  return ended;
+}
+
 void ServerState::apply(int worker, std::uint64_t version_read, const float* grad) {
   std::unique_lock<std::mutex> lock(mutex_);
   progressed_.wait(lock, [&] { return stopped_ || may_apply(worker); });
-  if (stopped_) throw std::runtime_error(stopped_message());
+  if (stopped_) throw_stopped();
   RR_CHECK(pushing_[worker], "worker ", worker, " has left and may push no more");
   RR_CHECK(version_read <= version_, "worker ", worker, " read version ", version_read, ", which the server (at version ",
            version_, ") never had");
@@ -98,7 +151,7 @@ bool ServerState::may_apply(int worker) const {
 std::uint64_t ServerState::read_for_next_step(int worker, float* out) {
   std::unique_lock<std::mutex> lock(mutex_);
   progressed_.wait(lock, [&] { return stopped_ || may_start(worker); });
-  if (stopped_) throw std::runtime_error(stopped_message());
+  if (stopped_) throw_stopped();
   std::copy(params_, params_ + numel_, out);
   ++reads_[worker];
   progressed_.notify_all();
@@ -113,9 +166,11 @@ void ServerState::leave(int worker, const std::string& lost) {
   progressed_.notify_all();
 }
 
-void ServerState::stop() {
+void ServerState::stop(const std::string& why) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (stopped_) return;  // the first reason stands
   stopped_ = true;
+  stop_reason_ = why;
   progressed_.notify_all();
 }
 
@@ -129,8 +184,10 @@ std::string ServerState::failure() const {
   return failure_;
 }
 
-std::string ServerState::stopped_message() const {
-  return failure_.empty() ? "ringreduce: the parameter server has stopped" : failure_;
+std::string ServerState::stop_notice() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!stopped_) return "";
+  return failure_.empty() ? stop_reason_ : failure_;
 }
 
 std::uint64_t ServerState::version() const {
@@ -200,12 +257,13 @@ auto RemoteWorker::guarded(Body body) {
 }
 
 Message RemoteWorker::receive_message() {
-  Message message;
-  transport_->wait(transport_->irecv(kServerSide, &message, sizeof message));
-  bytes_received_ += sizeof message;
-  RR_CHECK(message.kind == static_cast<std::uint32_t>(Kind::Params), "the server sent message kind ", message.kind,
-           " where parameters were due");
-  return message;
+  for (;;) {
+    const Message message = ringreduce::ps::receive_message(*transport_, kServerSide);
+    bytes_received_ += sizeof message;
+    if (is(message, Kind::KeepAlive)) continue;  // the bound holds us back; the server is alive
+    RR_CHECK(is(message, Kind::Params), "the server sent message kind ", message.kind, " where parameters were due");
+    return message;
+  }
 }
 
 std::uint64_t RemoteWorker::receive_params(const Message& reply, float* params) {
@@ -217,27 +275,30 @@ std::uint64_t RemoteWorker::receive_params(const Message& reply, float* params) 
 
 std::uint64_t RemoteWorker::join(float* params) {
   return guarded([&] {
-    const Message hello = receive_message();
-    if (hello.numel != numel_) {
+    exchange_hello(*transport_, kServerSide, detail::concat("the parameter server (rank ", server_rank_, ")"));
+    bytes_sent_ += sizeof(Hello);
+    bytes_received_ += sizeof(Hello);
+    const Message first = receive_message();
+    if (first.numel != numel_) {
       // Take what the server sent, so it is not left waiting, and leave saying why.
-      std::vector<float> theirs(hello.numel);
-      transport_->wait(transport_->irecv(kServerSide, theirs.data(), payload_bytes(hello.numel)));
-      const Message message{static_cast<std::uint32_t>(Kind::Leave), 0, 0, 0, numel_};
+      std::vector<float> theirs(first.numel);
+      transport_->wait(transport_->irecv(kServerSide, theirs.data(), payload_bytes(first.numel)));
+      const Message message = make_message(Kind::Leave, 0, 0, numel_);
       transport_->wait(transport_->isend(kServerSide, &message, sizeof message));
       transport_->flush();
       left_ = true;
       throw std::invalid_argument(detail::concat("ringreduce.ps: this rank's parameters have ", numel_,
-                                                 " elements, the server's (rank ", server_rank_, ") ", hello.numel,
+                                                 " elements, the server's (rank ", server_rank_, ") ", first.numel,
                                                  ": every rank must pass the same parameters"));
     }
-    return receive_params(hello, params);
+    return receive_params(first, params);
   });
 }
 
 std::uint64_t RemoteWorker::push(const float* grad, float* params) {
   return guarded([&] {
     // One exchange: the gradient with the version it came from, then the parameters to go on with.
-    const Message message{static_cast<std::uint32_t>(Kind::Push), 0, step_, version_, numel_};
+    const Message message = make_message(Kind::Push, step_, version_, numel_);
     bytes_sent_ += send_message(*transport_, kServerSide, message, grad);
     ++step_;
     return receive_params(receive_message(), params);
@@ -246,7 +307,7 @@ std::uint64_t RemoteWorker::push(const float* grad, float* params) {
 
 void RemoteWorker::leave() {
   guarded([&] {
-    const Message message{static_cast<std::uint32_t>(Kind::Leave), 0, step_, version_, numel_};
+    const Message message = make_message(Kind::Leave, step_, version_, numel_);
     transport_->wait(transport_->isend(kServerSide, &message, sizeof message));
     transport_->flush();
     bytes_sent_ += sizeof message;
@@ -254,10 +315,19 @@ void RemoteWorker::leave() {
   left_ = true;
 }
 
-ServerLink::ServerLink(ServerState& state, int worker, std::shared_ptr<Transport> transport)
-    : state_(state), worker_(worker), transport_(std::move(transport)) {
+ServerLink::ServerLink(ServerState& state, int worker, std::shared_ptr<Transport> transport,
+                       std::chrono::milliseconds timeout)
+    : state_(state),
+      worker_(worker),
+      transport_(std::move(transport)),
+      keep_alive_(std::min(kMaxKeepAliveInterval, timeout / kKeepAlivesPerTimeout)) {
   RR_CHECK(transport_->size() == 2 && transport_->rank() == kServerSide, "the server's link is rank 0 of two ranks");
-  thread_ = std::thread([this] { serve(); });
+  thread_ = std::thread([this] {
+    serve();
+    std::lock_guard<std::mutex> lock(finished_mutex_);
+    finished_ = true;
+    finished_changed_.notify_all();
+  });
 }
 
 ServerLink::~ServerLink() { join(); }
@@ -266,9 +336,28 @@ void ServerLink::join() {
   if (thread_.joinable()) thread_.join();
 }
 
+bool ServerLink::finished_within(std::chrono::milliseconds within) {
+  std::unique_lock<std::mutex> lock(finished_mutex_);
+  return finished_changed_.wait_for(lock, within, [&] { return finished_; });
+}
+
+void ServerLink::exchange_hellos() {
+  exchange_hello(*transport_, kWorkerSide, detail::concat("worker ", worker_));
+  bytes_sent_ += sizeof(Hello);
+  bytes_received_ += sizeof(Hello);
+}
+
+void ServerLink::await_turn(ServerState::Turn turn) {
+  while (!state_.await_turn(worker_, turn, keep_alive_)) {
+    const Message alive = make_message(Kind::KeepAlive, 0, 0, 0);
+    transport_->wait(transport_->isend(kWorkerSide, &alive, sizeof alive));
+    bytes_sent_ += sizeof alive;
+  }
+}
+
 void ServerLink::send_params(std::vector<float>& params) {
-  const Message reply{static_cast<std::uint32_t>(Kind::Params), 0, 0, state_.read_for_next_step(worker_, params.data()),
-                      params.size()};
+  await_turn(ServerState::Turn::Start);
+  const Message reply = make_message(Kind::Params, 0, state_.read_for_next_step(worker_, params.data()), params.size());
   bytes_sent_ += send_message(*transport_, kWorkerSide, reply, params.data());
 }
 
@@ -276,34 +365,34 @@ void ServerLink::serve() {
   const std::size_t numel = state_.numel();
   std::vector<float> grad(numel), params(numel);
   try {
+    exchange_hellos();
     send_params(params);  // the worker joins with the parameters as they are now
     for (std::uint64_t step = 0;; ++step) {
-      Message message;
-      transport_->wait(transport_->irecv(kWorkerSide, &message, sizeof message));
+      const Message message = receive_message(*transport_, kWorkerSide);
       bytes_received_ += sizeof message;
-      if (message.kind == static_cast<std::uint32_t>(Kind::Leave)) {
+      if (is(message, Kind::Leave)) {
         RR_CHECK(message.numel == numel, "worker ", worker_, " has ", message.numel, " parameters, the server ", numel);
         state_.leave(worker_, "");
         return;
       }
-      RR_CHECK(message.kind == static_cast<std::uint32_t>(Kind::Push) && message.numel == numel && message.step == step,
-               "worker ", worker_, " sent a malformed push (kind ", message.kind, ", step ", message.step, " of ",
-               message.numel, " elements; expected step ", step, " of ", numel, ")");
+      RR_CHECK(is(message, Kind::Push) && message.numel == numel && message.step == step, "worker ", worker_,
+               " sent a malformed push (kind ", message.kind, ", step ", message.step, " of ", message.numel,
+               " elements; expected step ", step, " of ", numel, ")");
       transport_->wait(transport_->irecv(kWorkerSide, grad.data(), payload_bytes(numel)));
       bytes_received_ += payload_bytes(numel);
+      await_turn(ServerState::Turn::Apply);
       state_.apply(worker_, message.version, grad.data());
       send_params(params);
     }
   } catch (const std::exception& error) {
-    // The server's own failure is told to the worker as it is; otherwise the worker is lost.
-    std::string notice = state_.failure();
+    // A stopped server (its failure, or stopped by its rank) tells the worker why; otherwise the
+    // worker is lost.
+    std::string notice = state_.stop_notice();
     if (notice.empty()) {
       const std::string why = error.what();
       state_.leave(worker_, why);
-      if (!state_.stopped()) {
-        std::fprintf(stderr, "ringreduce.ps: the server lost worker %d and goes on without it: %s\n", worker_,
-                     why.c_str());
-      }
+      std::fprintf(stderr, "ringreduce.ps: the server lost worker %d and goes on without it: %s\n", worker_,
+                   why.c_str());
       notice = detail::concat("ringreduce.ps: the parameter server dropped worker ", worker_, ": ", why);
     }
     try {

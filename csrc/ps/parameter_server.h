@@ -4,10 +4,13 @@
 // direct calls (LocalWorker); each other rank talks to it over a transport of two ranks of its own
 // (RemoteWorker on the worker, ServerLink on the server), so any transport the engine has carries it.
 //
-// Each exchange is a fixed-size Message, then its payload of exactly the size the message names:
-// a receiver always posts the right length first (gloo aborts the process on a longer message).
+// Each side first sends a Hello, whose size never changes between versions, so peers of different
+// builds always receive it whole and refuse each other with a clear error (gloo aborts the process
+// on a message longer than the receive posted for it). Then each exchange is a fixed-size Message,
+// then its payload of exactly the size the message names, checked before its receive is posted.
 //   worker -> server: Push{step, version read} + gradient, or Leave.
-//   server -> worker: Params{version} + parameters: once on joining, then in answer to each push.
+//   server -> worker: Params{version} + parameters: once on joining, then in answer to each push;
+//                     KeepAlive (no payload) while the staleness bound holds the worker back.
 #pragma once
 
 #include <atomic>
@@ -28,11 +31,24 @@ namespace ringreduce::ps {
 // The staleness bound meaning "none": workers never wait for each other.
 constexpr std::int64_t kUnbounded = -1;
 
-enum class Kind : std::uint32_t { Params = 1, Push = 2, Leave = 3 };
+// Starts every Hello and Message ("RRPS"), so a frame from something else is refused, not trusted.
+constexpr std::uint32_t kMagic = 0x53505252;
+// The protocol's version, raised whenever Message or the exchanges change.
+constexpr std::uint32_t kProtocolVersion = 2;
+
+struct Hello {
+  std::uint32_t magic = kMagic;
+  std::uint32_t version = kProtocolVersion;
+  std::uint32_t message_bytes;  // sizeof(Message) in this build
+  std::uint32_t reserved = 0;
+};
+static_assert(sizeof(Hello) == 16, "Hello is the one frame every version must receive whole: never change it");
+
+enum class Kind : std::uint32_t { Params = 1, Push = 2, Leave = 3, KeepAlive = 4 };
 
 struct Message {
+  std::uint32_t magic = kMagic;
   std::uint32_t kind = 0;     // Kind
-  std::uint32_t unused = 0;
   std::uint64_t step = 0;     // Push: pushes this worker made before this one
   std::uint64_t version = 0;  // Push: the version its gradient was computed from; Params: the version sent
   std::uint64_t numel = 0;    // elements of the payload that follows
@@ -71,6 +87,13 @@ class ServerState {
   std::size_t numel() const { return numel_; }
   int workers() const { return static_cast<int>(reports_.size()); }
 
+  // What a worker waits for under the staleness bound: to apply its push, or to start its next step.
+  enum class Turn { Apply, Start };
+  // Waits up to `within` until `worker` may take `turn` (see apply and read_for_next_step). True
+  // once it may, which then stays true: the bound only loosens as the others go on. Throws once
+  // the server has stopped.
+  bool await_turn(int worker, Turn turn, std::chrono::milliseconds within);
+
   // Applies `worker`'s gradient, computed from parameters of `version_read`. Under a bound s, a push
   // of step k waits until every worker still pushing has read its parameters for step k - s, so
   // with s = 0 every worker of a round computes from the same parameters (synchronous SGD).
@@ -82,13 +105,16 @@ class ServerState {
   // `worker` pushes no more: it finished (`lost` empty) or the server lost it (`lost` says why). The
   // others stop waiting for it.
   void leave(int worker, const std::string& lost);
-  // Wakes every waiting reader and pusher with an error; later calls throw too.
-  void stop();
+  // Wakes every waiting reader and pusher with an error saying `why`; later calls throw it too.
+  void stop(const std::string& why);
   bool stopped() const;
   // Why the server stopped by itself: its update raised (empty otherwise). That is the server's
   // failure, not the pushing worker's: the state stops, every link tells its worker this, and the
   // server rank raises it.
   std::string failure() const;
+  // What a call finds once the server has stopped: the failure, or why it was stopped; empty while
+  // it runs.
+  std::string stop_notice() const;
 
   std::uint64_t version() const;
   std::vector<PushRecord> log() const;
@@ -107,12 +133,13 @@ class ServerState {
   const std::int64_t staleness_;
   const Update update_;
   const bool keep_gradients_;
-  // What a call finds once the server has stopped (the failure, when there is one).
-  std::string stopped_message() const;
+  bool may(int worker, Turn turn) const;
+  [[noreturn]] void throw_stopped() const;
 
   std::uint64_t version_ = 0;
   bool stopped_ = false;
   std::string failure_;
+  std::string stop_reason_;
   std::vector<std::uint64_t> steps_;  // pushes applied per worker
   std::vector<std::uint64_t> reads_;  // parameter reads per worker (its join, then one per push)
   std::vector<bool> pushing_;         // workers that have not left
@@ -185,29 +212,46 @@ class RemoteWorker final : public Worker {
   std::string broken_;
 };
 
+// How often a link tells a worker held back by the staleness bound that the server is alive: a
+// fraction of the transport's timeout, so the worker's receive never times out on a healthy server
+// however long a slow peer holds it, and at most once a second (a 32-byte message).
+constexpr int kKeepAlivesPerTimeout = 4;
+constexpr std::chrono::milliseconds kMaxKeepAliveInterval{1000};
+
 // The server's side of one remote worker: a thread that answers its pushes until it leaves, or
 // until the transport fails (the worker died, timed out or sent a malformed push), when the worker
-// counts as lost, the link says so on stderr, and the others go on without it.
+// counts as lost, the link says so on stderr, and the others go on without it. `timeout` is the
+// transport's (for the keep-alives).
 class ServerLink {
  public:
-  ServerLink(ServerState& state, int worker, std::shared_ptr<Transport> transport);
+  ServerLink(ServerState& state, int worker, std::shared_ptr<Transport> transport, std::chrono::milliseconds timeout);
   ~ServerLink();  // joins the thread
   ServerLink(const ServerLink&) = delete;
   ServerLink& operator=(const ServerLink&) = delete;
 
-  // Waits for the worker to leave or be lost.
+  // Waits up to `within` for the worker to leave or be lost; true once it has.
+  bool finished_within(std::chrono::milliseconds within);
+  // Wakes the link's thread if it is blocked on the worker (the server stops); thread-safe.
+  void cancel() { transport_->cancel(); }
   void join();
   std::uint64_t bytes_sent() const { return bytes_sent_.load(); }
   std::uint64_t bytes_received() const { return bytes_received_.load(); }
 
  private:
   void serve();
+  void exchange_hellos();
+  // Waits for `worker`'s turn, telling the worker the server is alive while the bound holds it.
+  void await_turn(ServerState::Turn turn);
   // Reads the parameters into `params` once the worker may go on (the bound), and sends them.
   void send_params(std::vector<float>& params);
 
   ServerState& state_;
   const int worker_;
   std::shared_ptr<Transport> transport_;
+  const std::chrono::milliseconds keep_alive_;
+  std::mutex finished_mutex_;
+  std::condition_variable finished_changed_;
+  bool finished_ = false;
   std::atomic<std::uint64_t> bytes_sent_{0};
   std::atomic<std::uint64_t> bytes_received_{0};
   std::thread thread_;

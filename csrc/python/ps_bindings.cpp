@@ -67,13 +67,20 @@ class Server {
   }
 
   ~Server() {
-    // Dropped without close(): the workers still pushing are told the server stopped.
-    state_->stop();
+    // Dropped without close(): the workers still pushing are told, and no link waits on one.
+    stop("ringreduce.ps: the parameter server has stopped: it was dropped without close()");
     links_.clear();
   }
 
-  void add_link(int worker, std::shared_ptr<Transport> transport) {
-    links_.push_back(std::make_unique<ps::ServerLink>(*state_, worker, std::move(transport)));
+  void add_link(int worker, std::shared_ptr<Transport> transport, double timeout_s) {
+    links_.push_back(std::make_unique<ps::ServerLink>(*state_, worker, std::move(transport), to_millis(timeout_s)));
+  }
+
+  // Stops at once: every waiting call raises `why`, and each link wakes from its transport and
+  // tells its worker. Does not wait for the links.
+  void stop(const std::string& why) {
+    state_->stop(why);
+    for (auto& link : links_) link->cancel();
   }
 
   std::uint64_t join(const at::Tensor& params) {
@@ -83,11 +90,17 @@ class Server {
     return local_->push(flat_floats(grad, state_->numel(), "grad"), flat_floats(params, state_->numel(), "params"));
   }
   void leave() { local_->leave(); }
-  // Waits for every remote worker to leave or be lost; raises the server's failure, if any.
-  void wait() {
-    for (auto& link : links_) link->join();
+  // Waits up to `timeout_s` for every remote worker to leave or be lost; true once all have. Raises
+  // the server's failure, if any. Short waits in a loop let the caller take Ctrl-C between them.
+  bool wait(double timeout_s) {
+    const auto deadline = std::chrono::steady_clock::now() + to_millis(timeout_s);
+    for (auto& link : links_) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (!link->finished_within(std::max(left, std::chrono::milliseconds(0)))) return false;
+    }
     const std::string failure = state_->failure();
     if (!failure.empty()) throw std::runtime_error(failure);
+    return true;
   }
 
   std::uint64_t version() const { return state_->version(); }
@@ -166,7 +179,8 @@ void bind_parameter_server(py::module_& m) {
   py::class_<Transport, std::shared_ptr<Transport>>(m, "Transport", "A transport between the ranks of one group.")
       .def_property_readonly("rank", &Transport::rank)
       .def_property_readonly("size", &Transport::size)
-      .def_property_readonly("name", &Transport::name);
+      .def_property_readonly("name", &Transport::name)
+      .def("name_ranks", &Transport::name_ranks, py::arg("names"), "The group ranks its ranks stand for, in messages.");
 
   m.def(
       "shm_transport",
@@ -194,11 +208,12 @@ void bind_parameter_server(py::module_& m) {
            }),
            py::arg("params"), py::arg("workers"), py::arg("rank"), py::arg("staleness"), py::arg("lr"),
            py::arg("update"), py::arg("keep_gradients"))
-      .def("add_link", &Server::add_link, py::arg("worker"), py::arg("transport"))
+      .def("add_link", &Server::add_link, py::arg("worker"), py::arg("transport"), py::arg("timeout_s"))
+      .def("stop", &Server::stop, py::arg("why"), release())
       .def("join", &Server::join, py::arg("params"), release())
       .def("push", &Server::push, py::arg("grad"), py::arg("params"), release())
       .def("leave", &Server::leave, release())
-      .def("wait", &Server::wait, release())
+      .def("wait", &Server::wait, py::arg("timeout_s"), release())
       .def_property_readonly("version", py::cpp_function(&Server::version, release()))
       .def_property_readonly("bytes_sent", &Server::bytes_sent)
       .def_property_readonly("bytes_received", &Server::bytes_received)

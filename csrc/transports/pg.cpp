@@ -61,9 +61,19 @@ Request ProcessGroupTransport::isend(int peer, const void* data, std::size_t byt
 Request ProcessGroupTransport::irecv(int peer, void* data, std::size_t bytes) { return post(peer, data, bytes, false); }
 
 void ProcessGroupTransport::wait_work(Pending& pending) {
+  const auto cancelled = [&] {
+    return std::runtime_error(detail::concat("ringreduce: pg rank ", rank_name(rank_), ": cancelled"));
+  };
+  {
+    std::lock_guard<std::mutex> lock(waiting_mutex_);
+    if (cancelled_.load()) throw cancelled();
+    waiting_ = pending.work;
+  }
+  bool completed = false;
   try {
-    pending.work->wait(timeout_);
+    completed = pending.work->wait(timeout_);
   } catch (const std::exception& error) {
+    forget_waiting();
     // A peer that aborted closed its connections: report its notice, the same on every rank.
     std::optional<AbortNotice> notice;
     std::string store_note;
@@ -74,10 +84,26 @@ void ProcessGroupTransport::wait_work(Pending& pending) {
       store_note = detail::concat("; ", unreachable.what());
     }
     if (notice) notice->raise();
-    throw std::runtime_error(detail::concat("ringreduce: rank ", rank_, pending.is_send ? " sending to" : " receiving from",
-                                            " rank ", pending.peer, " over ", backend_->getBackendName(),
+    throw std::runtime_error(detail::concat("ringreduce: rank ", rank_name(rank_),
+                                            pending.is_send ? " sending to" : " receiving from", " rank ",
+                                            rank_name(pending.peer), " over ", backend_->getBackendName(),
                                             " failed (timeout ", timeout_.count(), " ms): ", error.what(), store_note));
   }
+  forget_waiting();
+  // gloo answers an aborted wait with false rather than an error.
+  if (cancelled_.load()) throw cancelled();
+  RR_CHECK(completed, "rank ", rank_name(rank_), ": a transfer with rank ", rank_name(pending.peer), " was aborted");
+}
+
+void ProcessGroupTransport::forget_waiting() {
+  std::lock_guard<std::mutex> lock(waiting_mutex_);
+  waiting_.reset();
+}
+
+void ProcessGroupTransport::cancel() {
+  std::lock_guard<std::mutex> lock(waiting_mutex_);
+  cancelled_.store(true);
+  if (waiting_) waiting_->abort();
 }
 
 void ProcessGroupTransport::wait_transfer(Request request) {

@@ -6,7 +6,9 @@
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include <atomic>
 #include <chrono>
+#include <mutex>
 #include <memory>
 #include <vector>
 
@@ -47,6 +49,8 @@ class ProcessGroupTransport final : public MessageTransport {
   void agree_with_every_peer() override {}
   Request isend(int peer, const void* data, std::size_t bytes) override;
   Request irecv(int peer, void* data, std::size_t bytes) override;
+  // Aborts the work being waited for (gloo wakes its waiter), and every later wait raises.
+  void cancel() override;
 
  protected:
   AbortNotice abort_transfers(const AbortNotice& notice) override;
@@ -61,6 +65,7 @@ class ProcessGroupTransport final : public MessageTransport {
   };
   Request post(int peer, void* data, std::size_t bytes, bool is_send);
   void wait_work(Pending& pending);
+  void forget_waiting();
 
   c10::intrusive_ptr<c10d::Backend> backend_;
   std::unique_ptr<Rendezvous> notices_;
@@ -72,6 +77,10 @@ class ProcessGroupTransport final : public MessageTransport {
   std::vector<int> sends_posted_, recvs_posted_;
   std::unordered_map<std::int64_t, Pending> pending_;
   std::int64_t next_id_ = 0;
+  // What cancel() reaches from another thread: the work a wait is blocked on.
+  std::mutex waiting_mutex_;
+  c10::intrusive_ptr<c10d::Work> waiting_;
+  std::atomic<bool> cancelled_{false};
 };
 
 }  // namespace ringreduce

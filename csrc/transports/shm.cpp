@@ -332,7 +332,7 @@ bool ShmTransport::pull_recvs(int peer, std::uint64_t through_sequence) {
       const std::size_t piece = slot->bytes;
       const std::size_t expected = std::min(kShmSlotBytes, op.bytes - op.done);
       if (piece != expected) {
-        fail(detail::concat("rank ", rank_, " expected a piece of ", expected, " bytes from rank ", peer, " but got ",
+        fail(detail::concat("rank ", rank_name(rank_), " expected a piece of ", expected, " bytes from rank ", rank_name(peer), " but got ",
                             piece, ": the ranks are not running the same collective"));
       }
       take_piece(op, reinterpret_cast<const char*>(slot + 1), piece);
@@ -456,12 +456,12 @@ void ShmTransport::idle(std::uint32_t doorbell_seen, const std::atomic<std::uint
     const Header* theirs = segments_[other]->header();
     check_waiting_header(other);
     if (theirs->pid_namespace == own->pid_namespace && process_gone(theirs->pid)) {
-      fail(detail::concat("rank ", other, " (pid ", theirs->pid, ") exited while rank ", rank_, " was waiting to ",
-                          doing, " rank ", peer));
+      fail(detail::concat("rank ", rank_name(other), " (pid ", theirs->pid, ") exited while rank ", rank_name(rank_),
+                          " was waiting to ", doing, " rank ", rank_name(peer)));
     }
   }
   if (std::chrono::steady_clock::now() >= deadline) {
-    throw TimeoutError(detail::concat(timed_out_after(timeout_), "shm rank ", rank_, " waiting to ", doing, " rank ", peer,
+    throw TimeoutError(detail::concat(timed_out_after(timeout_), "shm rank ", rank_name(rank_), " waiting to ", doing, " rank ", rank_name(peer),
                                       "; is every rank running the same collectives? (RINGREDUCE_TIMEOUT sets the limit)"));
   }
 }
@@ -472,7 +472,7 @@ void ShmTransport::cancel() {
 }
 
 void ShmTransport::raise_if_a_peer_aborted() const {
-  if (cancelled_.load()) throw std::runtime_error(detail::concat("ringreduce: shm rank ", rank_, ": cancelled"));
+  if (cancelled_.load()) throw std::runtime_error(detail::concat("ringreduce: shm rank ", rank_name(rank_), ": cancelled"));
   for (int other = 0; other < world_; ++other) {
     if (other != rank_ && segments_[other]->header()->aborted.load(std::memory_order_acquire) != 0) {
       group_notice().raise();

@@ -61,9 +61,9 @@ class ShmTransport final : public Transport {
   Request irecv_forward(int prev, int next, void* data, std::size_t bytes, const Reducer* reducer, bool last) override;
   void flush() override;
 
-  // Makes a wait running on another thread raise within a liveness poll (the simulated NCCL's
-  // abort, whose transfers run on a stream's thread). The transport is unusable afterwards.
-  void cancel();
+  // Wakes our own doorbell, so the wait sees the flag at once (the simulated NCCL's abort, whose
+  // transfers run on a stream's thread, and a parameter server that stops).
+  void cancel() override;
 
   struct Segment;     // a mapped shared-memory segment (shm_transport.cpp)
   struct SlotHeader;  // the line in front of each staging slot (shm_transport.cpp)
