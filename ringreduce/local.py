@@ -14,28 +14,37 @@ DEFAULT_LOCAL_TIMEOUT = datetime.timedelta(minutes=5)
 
 
 class LocalGroup(CommunicatorSource):
-    """One rank of a LocalWorld; pass it as ``group=`` from that rank's thread."""
+    """One rank of a LocalWorld; pass it as ``group=`` from that rank's thread.
 
-    def __init__(self, world, rank):
-        self._world = world
+    It holds its rank's communicator, not the world: a world and its groups form no reference
+    cycle, so a dropped world ends when its last reference goes, never later inside the garbage
+    collector, which may run in the middle of another world's call (ending a GPU communicator
+    waits for the device, and so for that call: a deadlock)."""
+
+    def __init__(self, world, rank, communicator):
         self._rank = rank
+        self._size = world.size
+        self._transport = world.transport
+        self._device = world.device
+        self._tensor_device = world.tensor_device
+        self._communicator = communicator
 
     def rank(self) -> int:
         return self._rank
 
     def size(self) -> int:
-        return self._world.size
+        return self._size
 
     def communicator(self, device, transport):
-        if transport not in (None, self._world.transport):
-            raise ValueError(f"a LocalWorld group uses transport {self._world.transport!r}, not {transport!r}")
-        if device != self._world.tensor_device:
-            raise ValueError(f"this LocalWorld holds {self._world.device} ranks, which take {self._world.tensor_device} "
+        if transport not in (None, self._transport):
+            raise ValueError(f"a LocalWorld group uses transport {self._transport!r}, not {transport!r}")
+        if device != self._tensor_device:
+            raise ValueError(f"this LocalWorld holds {self._device} ranks, which take {self._tensor_device} "
                              f"tensors; got a tensor on {device}")
-        return self._world._communicators[self._rank]
+        return self._communicator
 
     def __repr__(self):
-        return f"LocalGroup(rank={self._rank}, size={self._world.size})"
+        return f"LocalGroup(rank={self._rank}, size={self._size})"
 
 
 class LocalWorld:
@@ -79,7 +88,7 @@ class LocalWorld:
         else:
             kind, index = device.type, (device.index if device.type == "cuda" else -1)
         self._communicators = _C.local_world(world_size, timeout.total_seconds(), kind, index)
-        self.groups = [LocalGroup(self, rank) for rank in range(world_size)]
+        self.groups = [LocalGroup(self, rank, communicator) for rank, communicator in enumerate(self._communicators)]
 
     def group(self, rank: int) -> LocalGroup:
         return self.groups[rank]

@@ -399,3 +399,48 @@ def test_streams_are_pooled_so_no_thread_is_left_behind():
         local.all_reduce([torch.ones(10) for _ in range(4)])
         del local
     assert _C.sim_stream_threads() <= before + 12  # at most one more world's streams, however many come and go
+
+
+def test_a_dropped_world_ends_at_once_not_later_inside_another_worlds_call():
+    """A world and its groups form no reference cycle. With one, the garbage collector ended the
+    world at a random later allocation, which could be one between two ranks' submissions of
+    another world's first collective: ending the nccl transport waits for every stream (as
+    cudaFreeHost does), rank 0's stream waited for ranks not yet submitted, and the run hung."""
+    import gc
+    import weakref
+
+    gc.disable()
+    try:
+        local = sim_world(3, "nccl")
+        local.all_reduce([torch.ones(10) for _ in range(3)])
+        groups = [weakref.ref(g) for g in local.groups]
+        world = weakref.ref(local)
+        del local
+        assert world() is None and all(g() is None for g in groups), "the world waits for the garbage collector"
+    finally:
+        gc.enable()
+
+
+def test_tensors_kept_after_a_failure_go_with_the_next_call_once_the_device_is_done():
+    """A failed call's tensors stay alive while work queued on the device may still write them,
+    and not longer: once the device is done, the next call (here a healthy one) releases them.
+    They were released only when another call failed."""
+    import weakref
+
+    assert _C.sim_kept_calls() == 0
+    local = sim_world(2, "nccl", timeout=datetime.timedelta(seconds=FAULT_TIMEOUT_S))
+    _C.sim_inject(1, "async_error", after=3)
+    tensors = [torch.ones(50_000) for _ in range(2)]
+    outcomes = on_every_rank(local, lambda r, g: ringreduce.all_reduce(tensors[r], group=g, async_op=True,
+                                                                     segment_bytes=4096))
+    assert all(isinstance(o, RuntimeError) for o in outcomes), outcomes
+    assert _C.sim_kept_calls() >= 1
+    kept = [weakref.ref(t) for t in tensors]
+    del tensors
+    del local
+    assert _within(5.0, lambda: _C.sim_busy_streams() == 0)
+    _C.sim_clear()
+    healthy = sim_world(2, "nccl")
+    healthy.all_reduce([torch.ones(10) for _ in range(2)])
+    assert _C.sim_kept_calls() == 0
+    assert all(ref() is None for ref in kept)

@@ -143,7 +143,9 @@ std::function<bool()> DeviceQueue::done_probe() {
   DeviceApi& api = api_;
   return [event, &api] {
     Failure ignored = nullptr;
-    return api.query(static_cast<Event>(event.get()), &ignored) != EventState::Pending;
+    const EventState state = api.query(static_cast<Event>(event.get()), &ignored);
+    // Failed is not done while work still queued may write the memory.
+    return state == EventState::Done || (state == EventState::Failed && api.drained_after_failure());
   };
 }
 

@@ -293,6 +293,8 @@ class SimDevice final : public DeviceApi {
     return state->pending.count(state->recorded) == 0 ? EventState::Done : EventState::Pending;
   }
 
+  bool drained_after_failure() override { return settings().busy.load() == 0; }
+
   Failure copy(void* dst, const void* src, std::size_t bytes, Stream stream) override {
     sim(stream)->push([dst, src, bytes](std::uint64_t) { std::memcpy(dst, src, bytes); });
     return nullptr;

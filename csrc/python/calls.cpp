@@ -156,18 +156,45 @@ std::vector<at::Tensor> touched_by(const Call& call) {
 
 // The simulated device's stand-in for the caching allocator's recordStream: after a failure, work
 // still queued on its streams may write a call's host tensors, so they stay alive until the device
-// has done it (looked at whenever another failed call is kept).
-void keep_until_device_done(StreamContext& engine, std::vector<at::Tensor> tensors) {
-  static std::mutex mutex;
-  static auto* kept = new std::vector<std::pair<std::function<bool()>, std::vector<at::Tensor>>>;
-  std::function<bool()> done = engine.done_probe();
-  const std::lock_guard<std::mutex> lock(mutex);
-  kept->erase(std::remove_if(kept->begin(), kept->end(), [](const auto& entry) { return entry.first(); }), kept->end());
-  kept->emplace_back(std::move(done), std::move(tensors));
+// has done it. Looked at after every call on the simulated device, failed or not, so they go with
+// the next call once the device is done.
+class KeptTensors {
+ public:
+  void keep(std::function<bool()> done, std::vector<at::Tensor> tensors) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    release_done_locked();
+    kept_.emplace_back(std::move(done), std::move(tensors));
+    count_.store(kept_.size());
+  }
+  void release_done() {
+    if (count_.load() == 0) return;
+    const std::lock_guard<std::mutex> lock(mutex_);
+    release_done_locked();
+  }
+  std::size_t count() const { return count_.load(); }
+
+ private:
+  void release_done_locked() {
+    kept_.erase(std::remove_if(kept_.begin(), kept_.end(), [](const auto& entry) { return entry.first(); }),
+                kept_.end());
+    count_.store(kept_.size());
+  }
+
+  std::mutex mutex_;
+  std::vector<std::pair<std::function<bool()>, std::vector<at::Tensor>>> kept_;
+  std::atomic<std::size_t> count_{0};
+};
+
+// Never destroyed: tensors still kept at exit go with the process.
+KeptTensors& kept_tensors() {
+  static auto* kept = new KeptTensors;
+  return *kept;
 }
 
 void run_call(Communicator& communicator, const StreamJoin& join, const Call& call) {
   at::NoGradGuard no_grad;
+  StreamContext* engine = communicator.stream_context();
+  const bool on_simulated_device = engine != nullptr && engine->host_wait().count() > 0;
   try {
     join.on_engine_stream([&] {
       join.begin();
@@ -176,10 +203,10 @@ void run_call(Communicator& communicator, const StreamJoin& join, const Call& ca
       for (const Copy& copy : call.after) copy.into.copy_(copy.from);
     });
   } catch (...) {
-    StreamContext* engine = communicator.stream_context();
-    if (engine != nullptr && engine->host_wait().count() > 0) keep_until_device_done(*engine, touched_by(call));
+    if (on_simulated_device) kept_tensors().keep(engine->done_probe(), touched_by(call));
     throw;
   }
+  if (on_simulated_device) kept_tensors().release_done();
 }
 
 }  // namespace
@@ -264,6 +291,8 @@ c10::intrusive_ptr<c10d::Work> issue(Communicator& communicator, Call call, bool
 c10::intrusive_ptr<c10d::Work> submit(Communicator& communicator, Call call, bool async_op) {
   return issue(communicator, std::move(call), async_op, nullptr);
 }
+
+std::size_t calls_kept_for_the_device() { return kept_tensors().count(); }
 
 c10::intrusive_ptr<c10d::Work> run_now(Communicator& communicator, Call call) {
   const std::vector<at::Tensor> results = call.results;

@@ -54,4 +54,7 @@ c10::intrusive_ptr<c10d::Work> submit(Communicator& communicator, Call call, boo
 // hand-over to the communicator's worker thread.
 c10::intrusive_ptr<c10d::Work> run_now(Communicator& communicator, Call call);
 
+// Calls that failed on the simulated device whose tensors are still kept for work queued there.
+std::size_t calls_kept_for_the_device();
+
 }  // namespace ringreduce

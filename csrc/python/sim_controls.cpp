@@ -9,6 +9,7 @@
 
 #include "core/common.h"
 #include "cuda/sim_device.h"
+#include "python/calls.h"
 #endif
 
 namespace py = pybind11;
@@ -53,6 +54,8 @@ void bind_sim_controls(py::module_& m) {
         "Disarms every fault, forgets the simulated GPUs' errors and the most operations queued.");
   m.def("sim_stream_threads", &cuda::sim_stream_threads, "Threads the simulated device runs, one per stream made.");
   m.def("sim_busy_streams", &cuda::sim_busy_streams, "Simulated streams that hold work now.");
+  m.def("sim_kept_calls", &calls_kept_for_the_device,
+        "Failed calls whose tensors are still kept for work queued on the simulated device.");
   m.def("sim_most_queued", &cuda::sim_most_queued,
         "The most operations one simulated stream has held at once since sim_clear().");
 }
