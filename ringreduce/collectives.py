@@ -174,15 +174,20 @@ def destroy(group=None) -> None:
 
 # At exit, workers that are still finishing a collective's completion (Python callbacks, or the
 # release of what they held) are given this long to end while Python can still run them; a
-# worker that needs the interpreter after it has begun to finalize aborts the process.
+# worker that needs the interpreter after it has begun to finalize aborts the process. A
+# completion takes milliseconds; the bound is for a loaded machine, and it is spent only while a
+# worker is busy (exits measured in benchmarks/RESULTS.md).
 EXIT_WAIT_FOR_WORKERS_S = 5.0
 
 
 def _at_exit():
-    # Workers must stop while the interpreter can still run their completion callbacks.
+    """Teardown at interpreter exit, in the one order csrc/README.md ("Teardown") states."""
+    # 1. Parameter servers stop: their links wake and tell their workers, so no link thread waits on a peer.
+    _C.stop_parameter_servers("ringreduce.ps: the parameter server has stopped: its process is exiting")
+    # 2. The communicators go; 3. their workers end while the interpreter can still run their completions.
     destroy()
     _C.wait_until_idle(EXIT_WAIT_FOR_WORKERS_S)
-    # The backend's gloo delegates stop too: their threads must not meet the interpreter's end.
+    # 4. The backend's gloo and NCCL delegates join their threads, which must not meet the interpreter's end.
     _C.drop_backend_delegates()
 
 

@@ -185,8 +185,8 @@ class ParameterServer:
         return self.stats()
 
     def stop(self, why="the server rank stopped it"):
-        """Server rank: stops the server now, without waiting for the workers; each worker's next
-        step raises, saying `why`. On a worker's rank, the same as close()."""
+        """Server rank: stops the server now, without waiting for the workers to finish: each is told
+        at once, and its next step raises, saying `why`. On a worker's rank, the same as close()."""
         if self._server is None:
             self.close()
             return

@@ -49,7 +49,7 @@ def _replay_run(rank, world, transport, use_optimizer):
     stats = server.close()
     if rank != 0:
         # A hello, STEPS pushes (a message and the gradient), and the leave.
-        assert stats["pushes"] == STEPS and stats["bytes_sent"] == 16 + STEPS * (32 + 4 * NUMEL) + 32
+        assert stats["pushes"] == STEPS and stats["bytes_sent"] == 32 + STEPS * (32 + 4 * NUMEL) + 32
         return None
     # The server: replay every logged gradient in order from the start, with the same update.
     log, grads = server.log(), server.gradients()
@@ -355,7 +355,7 @@ def _slow_server_rank_run(rank, world, transport):
     server, params = _server(rank, lr=0.1, staleness=0, transport=transport)
     for step in range(4):
         if rank == 0 and step == 1:
-            time.sleep(4.0)  # the server rank's own work (an evaluation, a checkpoint): 2.7 timeouts
+            time.sleep(2.5)  # the server rank's own work (an evaluation, a checkpoint): 1.7 timeouts
         params.grad = _grad(params.detach(), rank)
         server.step()
     stats = server.close()
@@ -370,8 +370,33 @@ def test_workers_held_back_by_the_bound_longer_than_the_timeout_go_on(transport)
     assert [pushes for _, pushes in results[1:]] == [4, 4]
 
 
+def _stuck_server_rank_run(rank, world):
+    server, params = _server(rank, lr=0.1, staleness=0)
+    start = time.monotonic()
+    try:
+        for step in range(4):
+            if rank == 0 and step == 1:
+                time.sleep(6.0)  # stuck far beyond the timeout
+                return "slept"
+            params.grad = _grad(params.detach(), rank)
+            server.step()
+            start = time.monotonic()
+    except RuntimeError as error:
+        return str(error), time.monotonic() - start
+    return "never told"
+
+
+def test_workers_held_by_a_stuck_server_rank_are_told_who_holds_them():
+    """Not a wait for ever: after two timeouts with nothing happening on the server, each held
+    worker is told that the server rank is the one it waits for."""
+    results = run_ranks(3, _stuck_server_rank_run, env={"RINGREDUCE_TIMEOUT": "1"})
+    for message, waited in results[1:]:
+        assert "waiting for worker 0 (the server rank)" in message, message
+        assert 1.8 <= waited < 4.5, waited
+
+
 def _foreign_worker_run(rank, world):
-    """Rank 2 speaks another protocol version: a 16-byte hello, then a longer message than ours."""
+    """Rank 2 speaks another protocol version: its hello, then a longer message than ours."""
     import datetime
 
     import torch.distributed as dist
@@ -386,7 +411,7 @@ def _foreign_worker_run(rank, world):
         return server.close().get("lost")
     pair = dist.PrefixStore("2/", _groups.group_state(None).fresh_store("ps"))
     gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", pair), 1, 2, datetime.timedelta(seconds=20))
-    hello = torch.tensor([0x53505252, 1, 48, 0], dtype=torch.int32).view(torch.uint8)
+    hello = torch.tensor([0x53505252, 1, 48, 0, 0, 0, 0, 0], dtype=torch.int32).view(torch.uint8)
     gloo.send([hello], 0, 0).wait()
     try:
         gloo.send([torch.zeros(48, dtype=torch.uint8)], 0, 1).wait()

@@ -444,3 +444,20 @@ def test_tensors_kept_after_a_failure_go_with_the_next_call_once_the_device_is_d
     healthy.all_reduce([torch.ones(10) for _ in range(2)])
     assert _C.sim_kept_calls() == 0
     assert all(ref() is None for ref in kept)
+
+
+def _teardown_while_a_peer_runs(rank, world):
+    """Rank 0 destroys its communicator while rank 1 still runs (it destroys 6 s later)."""
+    ringreduce.all_reduce(torch.ones(1000), transport="sim")
+    if rank == 1:
+        time.sleep(6.0)
+    start = time.monotonic()
+    ringreduce.destroy()
+    return time.monotonic() - start
+
+
+def test_a_clean_teardown_does_not_wait_for_the_peers_to_tear_down_too():
+    """ncclCommDestroy is collective among a node's ranks (so is the simulated one): waiting for it
+    held a rank's teardown until every peer had torn down, or for the whole timeout (20 s here)."""
+    took = run_ranks(2, _teardown_while_a_peer_runs, env={"RINGREDUCE_TIMEOUT": "20"})
+    assert took[0] < 2.0, f"rank 0's teardown took {took[0]:.1f} s"

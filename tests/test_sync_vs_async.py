@@ -22,9 +22,10 @@ def test_every_scheme_reaches_the_target_at_two_ranks():
         assert example.time_to(row["curve"], args.target) is not None, f"{row['scheme']} never reached the target"
         assert row["final"] < args.target
         if row["scheme"].startswith("async"):
-            # The server (rank 0) answers each of the other rank's pushes, and its join, with the
-            # parameters; the worker sends each push and its leave.
-            message, payload = 32, 4 * numel
-            assert row["sent_all"] == [(args.steps + 1) * (message + payload), args.steps * (message + payload) + message]
+            # Each side's hello; the server (rank 0) answers each of the other rank's pushes, and
+            # its join, with the parameters; the worker sends each push and its leave.
+            hello, message, payload = 32, 32, 4 * numel
+            assert row["sent_all"] == [hello + (args.steps + 1) * (message + payload),
+                                       hello + args.steps * (message + payload) + message]
             mean, worst = row["staleness"]
             assert 0 <= mean <= worst

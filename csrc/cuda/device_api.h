@@ -69,10 +69,10 @@ class DeviceApi {
   // Done once the work before the latest record has finished; Failed with `why` set when the
   // device reported an error.
   virtual EventState query(Event event, Failure* why) = 0;
-  // Whether no queued work can touch memory any more once query() has said Failed. A GPU whose
-  // context holds a sticky error runs nothing more (the default); the simulated device goes on
-  // running its queues, so it is drained only when they are empty.
-  virtual bool drained_after_failure() { return true; }
+  // Whether no queued work can touch memory any more once query() has said Failed for `event`. A
+  // GPU whose context holds a sticky error runs nothing more (the default); the simulated device
+  // goes on running its queues, so it is drained only when the event's device has none busy.
+  virtual bool drained_after_failure(Event event) { return true; }
 
   virtual Failure copy(void* dst, const void* src, std::size_t bytes, Stream stream) = 0;
   // Zeroed pinned host memory that kernels address at `*device` (the host at `*host`).

@@ -145,7 +145,8 @@ std::function<bool()> DeviceQueue::done_probe() {
     Failure ignored = nullptr;
     const EventState state = api.query(static_cast<Event>(event.get()), &ignored);
     // Failed is not done while work still queued may write the memory.
-    return state == EventState::Done || (state == EventState::Failed && api.drained_after_failure());
+    return state == EventState::Done ||
+           (state == EventState::Failed && api.drained_after_failure(static_cast<Event>(event.get())));
   };
 }
 

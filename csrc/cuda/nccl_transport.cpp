@@ -1,7 +1,10 @@
 #include "cuda/nccl_transport.h"
 
+#include <condition_variable>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cuda/cuda_check.h"
@@ -87,7 +90,7 @@ class NcclTransport::Completion final : public EventCompletion {
     } catch (const std::exception&) {
       // the store is gone: this rank reports its own notice
     }
-    transport_.end_communicator(true, std::chrono::milliseconds(0));
+    transport_.end_communicator(true);
     return group;
   }
 
@@ -169,14 +172,21 @@ void NcclTransport::connect_all(const HeaderSlots* slots) {
 NcclTransport::~NcclTransport() {
   const bool finished = watchdog_->drain();  // aborts the work still running after the timeout
   watchdog_.reset();
-  if (end_communicator(!finished, timeout_)) {
-    // NCCL's kernels have returned, so the lanes drain: then the compare kernel's report can go.
-    for (std::size_t lane = 0; lane < queue_.lanes(); ++lane) queue_.api().synchronize(queue_.lane_stream(lane));
-    queue_.api().free_mapped(report_);
+  end_communicator(!finished);
+  {
+    std::lock_guard<std::mutex> lock(nccl_->mutex);
+    if (!nccl_->ended) {
+      // The ending thread frees the report once NCCL returns; if it never does, the report stays
+      // (a few bytes of pinned memory: freeing it would wait for the GPU).
+      nccl_->orphaned_report = report_;
+      return;
+    }
   }
-  // Otherwise NCCL never returned and a kernel may still write the report: it stays allocated (a
-  // few bytes of pinned memory), since freeing pinned memory would wait for the GPU. Device memory
-  // goes back to the caching allocator either way; it is reused only in its stream's order.
+  // NCCL's kernels have returned, so the lanes drain: then the compare kernel's report can go.
+  // Device memory goes back to the caching allocator either way; it is reused only in its
+  // stream's order.
+  for (std::size_t lane = 0; lane < queue_.lanes(); ++lane) queue_.api().synchronize(queue_.lane_stream(lane));
+  queue_.api().free_mapped(report_);
 }
 
 std::optional<AbortNotice> NcclTransport::mismatch_found() const {
@@ -199,12 +209,36 @@ void NcclTransport::raise_if_failed() {
   if (std::optional<AbortNotice> found = nccl_error()) found->raise();
 }
 
-bool NcclTransport::end_communicator(bool abort, std::chrono::milliseconds wait) {
+namespace {
+
+// The communicators of the process still ending, for wait_for_endings().
+struct Endings {
+  std::mutex mutex;
+  std::condition_variable changed;
+  int running = 0;
+};
+Endings& endings() {
+  static auto* all = new Endings;  // ending threads may outlive static destruction
+  return *all;
+}
+
+}  // namespace
+
+bool NcclTransport::wait_for_endings(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(endings().mutex);
+  return endings().changed.wait_for(lock, timeout, [] { return endings().running == 0; });
+}
+
+void NcclTransport::end_communicator(bool abort) {
   const std::shared_ptr<NcclComm> nccl = nccl_;
   if (!nccl->ending.exchange(true)) {
     const int device = queue_.device();
     const std::chrono::milliseconds grace = timeout_;
     DeviceApi& api = queue_.api();
+    {
+      const std::lock_guard<std::mutex> lock(endings().mutex);
+      ++endings().running;
+    }
     std::thread([nccl, device, abort, grace, &api] {
       api.set_device(device);
       // Never under a call in progress: ending the communicator would free memory the call still
@@ -217,14 +251,19 @@ bool NcclTransport::end_communicator(bool abort, std::chrono::milliseconds wait)
         } else {
           nccl->api.destroy(nccl->comm);
         }
-        std::lock_guard<std::mutex> ended(nccl->mutex);
-        nccl->ended = true;
+        MismatchReport* orphan = nullptr;
+        {
+          std::lock_guard<std::mutex> ended(nccl->mutex);
+          nccl->ended = true;
+          orphan = std::exchange(nccl->orphaned_report, nullptr);
+        }
+        if (orphan != nullptr) api.free_mapped(orphan);
       }
-      nccl->ended_changed.notify_all();
+      const std::lock_guard<std::mutex> counted(endings().mutex);
+      --endings().running;
+      endings().changed.notify_all();
     }).detach();
   }
-  std::unique_lock<std::mutex> lock(nccl->mutex);
-  return nccl->ended_changed.wait_for(lock, wait, [&] { return nccl->ended; });
 }
 
 void NcclTransport::check(Failure failure, const char* what) {

@@ -49,9 +49,14 @@ class NcclTransport final : public MessageTransport {
   // training process has reserved).
   NcclTransport(NcclApi& nccl, std::unique_ptr<Rendezvous> notices, int rank, int world, DeviceQueue& queue,
                 DeviceAllocator allocate, std::chrono::milliseconds timeout);
-  // Waits for the collectives in flight, then destroys (or aborts) the communicator; bounded by the
-  // timeout.
+  // Waits for the collectives in flight (bounded by the timeout), then ends the communicator on a
+  // thread of its own without waiting for it: ncclCommDestroy is collective among a node's ranks,
+  // so a peer still running, or gone, would otherwise hold this rank's teardown.
   ~NcclTransport() override;
+
+  // Waits up to `timeout` until no communicator of the process is still ending (at exit, before
+  // the CUDA runtime goes); whether none is.
+  static bool wait_for_endings(std::chrono::milliseconds timeout);
 
   int rank() const override { return rank_; }
   int size() const override { return world_; }
@@ -97,8 +102,10 @@ class NcclTransport final : public MessageTransport {
     std::timed_mutex calls;  // held around NCCL calls, so the communicator never goes under one
     std::atomic<bool> ending{false};  // an abort or a destroy has started
     std::mutex mutex;
-    std::condition_variable ended_changed;
     bool ended = false;
+    // The compare kernel's report, left by a transport that went before the communicator ended:
+    // the ending thread frees it once NCCL has returned (a kernel may write it until then).
+    MismatchReport* orphaned_report = nullptr;
   };
   void issue(const std::vector<HeldTransfer>& group);
   // What shows without waiting (any thread): the compare kernel's report, and NCCL's asynchronous
@@ -109,9 +116,9 @@ class NcclTransport final : public MessageTransport {
   void before_reduction() override { window_.make_room(1); }
   void after_reduction() override { window_.queued(1); }
   void connect_all(const HeaderSlots* slots);
-  // Ends the communicator once, on a thread of its own: ncclCommAbort, or ncclCommDestroy after
-  // work that finished. Returns whether that happened within `wait`.
-  bool end_communicator(bool abort, std::chrono::milliseconds wait);
+  // Ends the communicator once, on a thread of its own, without waiting for it: ncclCommAbort, or
+  // ncclCommDestroy after work that finished.
+  void end_communicator(bool abort);
   // Throws for an NCCL call that did not succeed, naming it.
   void check(Failure failure, const char* what);
 

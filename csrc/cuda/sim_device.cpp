@@ -68,6 +68,7 @@ struct Settings {
   std::map<int, const char*> errors;  // a device's sticky error, as CUDA keeps one
   std::atomic<std::size_t> streams{0};
   std::atomic<std::size_t> busy{0};          // streams with operations queued or running
+  std::map<int, std::size_t> busy_on;        // the same per device, under `mutex`
   std::atomic<std::size_t> most_queued{0};   // the most operations one stream has held
   std::vector<SimStream*> every_stream;  // under `mutex`
 };
@@ -131,7 +132,7 @@ class SimStream {
     {
       const std::lock_guard<std::mutex> lock(mutex_);
       operations_.push_back({std::move(operation), ++queued_operations, kernel});
-      if (pushed_++ == done_) ++settings().busy;
+      if (pushed_++ == done_) count_busy(+1);
       std::size_t most = settings().most_queued.load();
       const std::size_t held = pushed_ - done_;
       while (held > most && !settings().most_queued.compare_exchange_weak(most, held)) {
@@ -169,10 +170,18 @@ class SimStream {
       }
       {
         const std::lock_guard<std::mutex> lock(mutex_);
-        if (++done_ == pushed_) --settings().busy;
+        if (++done_ == pushed_) count_busy(-1);
       }
       changed_.notify_all();
     }
+  }
+
+  // This stream turned busy (+1) or idle (-1).
+  void count_busy(int change) {
+    Settings& all = settings();
+    all.busy += change;
+    const std::lock_guard<std::mutex> lock(all.mutex);
+    all.busy_on[device_] += change;
   }
 
   // Half of the operations wait a random time first (see kDefaultMaxDelay).
@@ -293,7 +302,11 @@ class SimDevice final : public DeviceApi {
     return state->pending.count(state->recorded) == 0 ? EventState::Done : EventState::Pending;
   }
 
-  bool drained_after_failure() override { return settings().busy.load() == 0; }
+  bool drained_after_failure(Event event) override {
+    Settings& all = settings();
+    const std::lock_guard<std::mutex> lock(all.mutex);
+    return all.busy_on[sim(event)->device] == 0;
+  }
 
   Failure copy(void* dst, const void* src, std::size_t bytes, Stream stream) override {
     sim(stream)->push([dst, src, bytes](std::uint64_t) { std::memcpy(dst, src, bytes); });
@@ -452,8 +465,31 @@ class SimNccl final : public NcclApi {
     state->wire->cancel();  // the group in flight stops waiting
   }
 
-  // Groups still queued keep the communicator until they have run.
-  void destroy(Comm comm) override { delete reinterpret_cast<CommBox*>(comm); }
+  // Collective among the communicator's ranks, as ncclCommDestroy is among a node's: it returns
+  // once the groups handed over have run and every rank has called it.
+  void destroy(Comm comm) override {
+    const CommBox state = sim(comm);
+    delete reinterpret_cast<CommBox*>(comm);
+    {
+      std::unique_lock<std::mutex> lock(state->mutex);
+      state->turn.wait(lock, [&] { return state->next == state->issued || state->aborted; });
+      if (state->aborted) return;  // its wire is cancelled
+    }
+    try {
+      const int rank = state->wire->rank();
+      char sent = 1;
+      std::vector<char> heard(state->wire->size());
+      std::vector<Request> requests;
+      for (int peer = 0; peer < state->wire->size(); ++peer) {
+        if (peer == rank) continue;
+        requests.push_back(state->wire->isend(peer, &sent, 1));
+        requests.push_back(state->wire->irecv(peer, &heard[peer], 1));
+      }
+      for (const Request& request : requests) state->wire->wait(request);
+    } catch (const std::exception&) {
+      // A peer that exited never destroys: NCCL's destroy would not return; ours gives up with the wire.
+    }
+  }
 
  private:
   struct Held {

@@ -98,6 +98,26 @@ bool ServerState::await_turn(int worker, Turn turn, std::chrono::milliseconds wi
   return ended;
 }
 
+std::chrono::steady_clock::duration ServerState::idle_for() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::chrono::steady_clock::now() - last_progress_;
+}
+
+std::string ServerState::slowest(int server_rank) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::uint64_t fewest = ~std::uint64_t{0};
+  for (std::size_t w = 0; w < steps_.size(); ++w) {
+    if (pushing_[w]) fewest = std::min(fewest, steps_[w]);
+  }
+  std::string names;
+  for (std::size_t w = 0; w < steps_.size(); ++w) {
+    if (!pushing_[w] || steps_[w] != fewest) continue;
+    names += detail::concat(names.empty() ? "" : ", ", "worker ", w,
+                            static_cast<int>(w) == server_rank ? " (the server rank)" : "");
+  }
+  return names;
+}
+
 void ServerState::apply(int worker, std::uint64_t version_read, const float* grad) {
   std::unique_lock<std::mutex> lock(mutex_);
   progressed_.wait(lock, [&] { return stopped_ || may_apply(worker); });
@@ -124,6 +144,7 @@ void ServerState::apply(int worker, std::uint64_t version_read, const float* gra
   report.staleness_max = std::max(report.staleness_max, staleness);
   ++steps_[worker];
   ++version_;
+  last_progress_ = std::chrono::steady_clock::now();
   progressed_.notify_all();
 }
 
@@ -154,6 +175,7 @@ std::uint64_t ServerState::read_for_next_step(int worker, float* out) {
   if (stopped_) throw_stopped();
   std::copy(params_, params_ + numel_, out);
   ++reads_[worker];
+  last_progress_ = std::chrono::steady_clock::now();
   progressed_.notify_all();
   return version_;
 }
@@ -163,6 +185,7 @@ void ServerState::leave(int worker, const std::string& lost) {
   if (!pushing_[worker]) return;
   pushing_[worker] = false;
   reports_[worker].lost = lost;
+  last_progress_ = std::chrono::steady_clock::now();
   progressed_.notify_all();
 }
 
@@ -315,11 +338,13 @@ void RemoteWorker::leave() {
   left_ = true;
 }
 
-ServerLink::ServerLink(ServerState& state, int worker, std::shared_ptr<Transport> transport,
+ServerLink::ServerLink(ServerState& state, int worker, int server_rank, std::shared_ptr<Transport> transport,
                        std::chrono::milliseconds timeout)
     : state_(state),
       worker_(worker),
+      server_rank_(server_rank),
       transport_(std::move(transport)),
+      timeout_(timeout),
       keep_alive_(std::min(kMaxKeepAliveInterval, timeout / kKeepAlivesPerTimeout)) {
   RR_CHECK(transport_->size() == 2 && transport_->rank() == kServerSide, "the server's link is rank 0 of two ranks");
   thread_ = std::thread([this] {
@@ -349,6 +374,14 @@ void ServerLink::exchange_hellos() {
 
 void ServerLink::await_turn(ServerState::Turn turn) {
   while (!state_.await_turn(worker_, turn, keep_alive_)) {
+    const auto idle = state_.idle_for();
+    if (idle > kHeldTimeouts * timeout_) {
+      throw std::runtime_error(detail::concat(
+          "the staleness bound held worker ", worker_, " while nothing happened on the server for ",
+          std::chrono::duration_cast<std::chrono::milliseconds>(idle).count(), " ms, waiting for ",
+          state_.slowest(server_rank_), ": every worker must step within the timeout (", timeout_.count(),
+          " ms; RINGREDUCE_TIMEOUT or the group's timeout sets it)"));
+    }
     const Message alive = make_message(Kind::KeepAlive, 0, 0, 0);
     transport_->wait(transport_->isend(kWorkerSide, &alive, sizeof alive));
     bytes_sent_ += sizeof alive;

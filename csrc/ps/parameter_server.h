@@ -36,13 +36,15 @@ constexpr std::uint32_t kMagic = 0x53505252;
 // The protocol's version, raised whenever Message or the exchanges change.
 constexpr std::uint32_t kProtocolVersion = 2;
 
+// As long as version 1's first frame (its 32-byte Message, which began with a kind of 1 to 3), so
+// a version-1 peer's first frame arrives whole and is refused by its first word.
 struct Hello {
   std::uint32_t magic = kMagic;
   std::uint32_t version = kProtocolVersion;
-  std::uint32_t message_bytes;  // sizeof(Message) in this build
-  std::uint32_t reserved = 0;
+  std::uint32_t message_bytes = 0;  // sizeof(Message) in this build
+  std::uint32_t reserved[5] = {};
 };
-static_assert(sizeof(Hello) == 16, "Hello is the one frame every version must receive whole: never change it");
+static_assert(sizeof(Hello) == 32, "Hello is the one frame every version must receive whole: never change it");
 
 enum class Kind : std::uint32_t { Params = 1, Push = 2, Leave = 3, KeepAlive = 4 };
 
@@ -93,6 +95,11 @@ class ServerState {
   // once it may, which then stays true: the bound only loosens as the others go on. Throws once
   // the server has stopped.
   bool await_turn(int worker, Turn turn, std::chrono::milliseconds within);
+  // How long since anything happened: a push applied, parameters read, a worker gone.
+  std::chrono::steady_clock::duration idle_for() const;
+  // The workers still pushing with the fewest pushes (those the bound waits for), as "worker 0 (the
+  // server rank), worker 2".
+  std::string slowest(int server_rank) const;
 
   // Applies `worker`'s gradient, computed from parameters of `version_read`. Under a bound s, a push
   // of step k waits until every worker still pushing has read its parameters for step k - s, so
@@ -137,6 +144,7 @@ class ServerState {
   [[noreturn]] void throw_stopped() const;
 
   std::uint64_t version_ = 0;
+  std::chrono::steady_clock::time_point last_progress_ = std::chrono::steady_clock::now();
   bool stopped_ = false;
   std::string failure_;
   std::string stop_reason_;
@@ -213,10 +221,15 @@ class RemoteWorker final : public Worker {
 };
 
 // How often a link tells a worker held back by the staleness bound that the server is alive: a
-// fraction of the transport's timeout, so the worker's receive never times out on a healthy server
-// however long a slow peer holds it, and at most once a second (a 32-byte message).
+// fraction of the transport's timeout, so the worker's receive does not time out while a slow peer
+// holds it, and at most once a second (a 32-byte message).
 constexpr int kKeepAlivesPerTimeout = 4;
 constexpr std::chrono::milliseconds kMaxKeepAliveInterval{1000};
+// How many timeouts the bound may hold a worker while nothing at all happens on the server. A slow
+// remote worker is dropped by its own link within one timeout (and the others go on), so two mean
+// the holder is the server rank's own loop, stuck or slower than the timeout: the held worker is
+// told so, instead of waiting for ever.
+constexpr int kHeldTimeouts = 2;
 
 // The server's side of one remote worker: a thread that answers its pushes until it leaves, or
 // until the transport fails (the worker died, timed out or sent a malformed push), when the worker
@@ -224,7 +237,8 @@ constexpr std::chrono::milliseconds kMaxKeepAliveInterval{1000};
 // transport's (for the keep-alives).
 class ServerLink {
  public:
-  ServerLink(ServerState& state, int worker, std::shared_ptr<Transport> transport, std::chrono::milliseconds timeout);
+  ServerLink(ServerState& state, int worker, int server_rank, std::shared_ptr<Transport> transport,
+             std::chrono::milliseconds timeout);
   ~ServerLink();  // joins the thread
   ServerLink(const ServerLink&) = delete;
   ServerLink& operator=(const ServerLink&) = delete;
@@ -247,7 +261,9 @@ class ServerLink {
 
   ServerState& state_;
   const int worker_;
+  const int server_rank_;
   std::shared_ptr<Transport> transport_;
+  const std::chrono::milliseconds timeout_;
   const std::chrono::milliseconds keep_alive_;
   std::mutex finished_mutex_;
   std::condition_variable finished_changed_;

@@ -80,17 +80,6 @@ c10::intrusive_ptr<c10d::Work> finish(Communicator& communicator, Call call, boo
   return async_op ? submit(communicator, std::move(call), true) : run_now(communicator, std::move(call));
 }
 
-// The backends alive now, for drop_delegates_at_exit(). Never destroyed: backends outlive static
-// destruction.
-std::mutex& live_mutex() {
-  static auto* mutex = new std::mutex;
-  return *mutex;
-}
-std::set<RingReduceBackend*>& live_backends() {
-  static auto* backends = new std::set<RingReduceBackend*>;
-  return *backends;
-}
-
 }  // namespace
 
 RingReduceBackend::RingReduceBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
@@ -106,15 +95,15 @@ RingReduceBackend::RingReduceBackend(c10::intrusive_ptr<c10d::Store> store, int 
       cuda_fallback_(std::move(cuda_fallback)),
       algorithm_(algorithm),
       announce_(announce) {
-  std::lock_guard<std::mutex> lock(live_mutex());
-  live_backends().insert(this);
+  Live<RingReduceBackend>::all().add(this);
 }
 
 void RingReduceBackend::drop_delegates_at_exit() {
   std::vector<c10::intrusive_ptr<c10d::Backend>> dropped;
   {
-    std::lock_guard<std::mutex> lock(live_mutex());
-    for (RingReduceBackend* backend : live_backends()) {
+    auto& live = Live<RingReduceBackend>::all();
+    std::lock_guard<std::mutex> lock(live.mutex);
+    for (RingReduceBackend* backend : live.objects) {
       std::lock_guard<std::mutex> own(backend->mutex_);
       dropped.push_back(std::move(backend->fallback_));
       dropped.push_back(std::move(backend->cuda_fallback_));
@@ -125,10 +114,7 @@ void RingReduceBackend::drop_delegates_at_exit() {
 }
 
 RingReduceBackend::~RingReduceBackend() {
-  {
-    std::lock_guard<std::mutex> lock(live_mutex());
-    live_backends().erase(this);
-  }
+  Live<RingReduceBackend>::all().remove(this);
   // torch drops a group's last reference with the GIL held. gloo's destructor joins its threads,
   // and the last work one of them drops may hold tensors whose Python objects only the GIL frees:
   // the members go without it.

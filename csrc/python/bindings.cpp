@@ -34,6 +34,7 @@
 
 #if defined(RINGREDUCE_WITH_SIM)
 #include "cuda/device_memory.h"
+#include "cuda/nccl_transport.h"
 #include "cuda/sim_device.h"
 #endif
 #if defined(RINGREDUCE_WITH_CUDA)
@@ -378,9 +379,20 @@ PYBIND11_MODULE(_C, m) {
   m.def("build_info", &build_info);
   m.def(
       "wait_until_idle",
-      [](double timeout_s) { return OrderedExecutor::wait_until_all_idle(to_millis(timeout_s)); },
+      [](double timeout_s) {
+        const std::chrono::milliseconds budget = to_millis(timeout_s);
+#if defined(RINGREDUCE_WITH_SIM)
+        const auto start = std::chrono::steady_clock::now();
+        const bool idle = OrderedExecutor::wait_until_all_idle(budget);
+        const auto spent = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+        return cuda::NcclTransport::wait_for_endings(std::max(budget - spent, std::chrono::milliseconds(0))) && idle;
+#else
+        return OrderedExecutor::wait_until_all_idle(budget);
+#endif
+      },
       py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>(),
-      "Waits until no communicator's worker runs or holds a job (at most `timeout_s`); whether they all went idle.");
+      "Waits until no communicator's worker runs or holds a job and no NCCL communicator is still ending (at most "
+      "`timeout_s` in all); whether they all went idle.");
   m.def("drop_backend_delegates", &RingReduceBackend::drop_delegates_at_exit, py::call_guard<py::gil_scoped_release>(),
         "At interpreter exit: every ringreduce backend drops its gloo and NCCL delegates (joining their threads).");
   m.def("trace_microseconds", &trace_microseconds, py::arg("ns"),

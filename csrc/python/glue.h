@@ -9,6 +9,8 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 
 #include "core/common.h"
@@ -61,6 +63,26 @@ class StoreRendezvous final : public Rendezvous {
 
 // Deletes `object` without holding the GIL, if this thread holds it: its destructor may wait for
 // threads that need the GIL (Python callbacks of finished work, a parameter server's update).
+// The objects of one kind alive now, for what must reach every one of them at exit (under
+// `mutex`). Never destroyed: the objects may outlive static destruction.
+template <typename T>
+struct Live {
+  std::mutex mutex;
+  std::set<T*> objects;
+  void add(T* object) {
+    const std::lock_guard<std::mutex> lock(mutex);
+    objects.insert(object);
+  }
+  void remove(T* object) {
+    const std::lock_guard<std::mutex> lock(mutex);
+    objects.erase(object);
+  }
+  static Live& all() {
+    static auto* live = new Live;
+    return *live;
+  }
+};
+
 template <typename T>
 void delete_without_gil(T* object) {
   if (PyGILState_Check()) {

@@ -37,6 +37,11 @@ std::shared_ptr<py::object> keep_callable(py::object callable) {
 }
 
 // The server rank: the parameters, its own worker, and a link per remote worker.
+// How long stop() waits for its cancelled links to tell their workers: each writes its notice in
+// the store and closes its transport, a few milliseconds here; the bound is for a loaded machine or
+// a slow store, and is spent only if one is.
+constexpr std::chrono::milliseconds kStoppedLinksWait{2000};
+
 class Server {
  public:
   // `update` None: SGD with `lr` (each push moves the parameters by lr / workers times its
@@ -45,7 +50,7 @@ class Server {
   // `params` itself, one call at a time.
   Server(at::Tensor params, int workers, int rank, std::int64_t staleness, double lr, py::object update,
          bool keep_gradients)
-      : params_(std::move(params)) {
+      : params_(std::move(params)), server_rank_(rank) {
     const std::size_t numel = static_cast<std::size_t>(params_.numel());
     ps::Update apply;
     if (update.is_none()) {
@@ -64,23 +69,35 @@ class Server {
     state_ = std::make_unique<ps::ServerState>(flat_floats(params_, numel, "the server's parameters"), numel, workers,
                                                staleness, std::move(apply), keep_gradients);
     local_ = std::make_unique<ps::LocalWorker>(*state_, rank);
+    Live<Server>::all().add(this);
   }
 
   ~Server() {
+    Live<Server>::all().remove(this);
     // Dropped without close(): the workers still pushing are told, and no link waits on one.
     stop("ringreduce.ps: the parameter server has stopped: it was dropped without close()");
     links_.clear();
   }
 
   void add_link(int worker, std::shared_ptr<Transport> transport, double timeout_s) {
-    links_.push_back(std::make_unique<ps::ServerLink>(*state_, worker, std::move(transport), to_millis(timeout_s)));
+    auto link = std::make_unique<ps::ServerLink>(*state_, worker, server_rank_, std::move(transport),
+                                                 to_millis(timeout_s));
+    const std::lock_guard<std::mutex> lock(links_mutex_);
+    links_.push_back(std::move(link));
   }
 
-  // Stops at once: every waiting call raises `why`, and each link wakes from its transport and
-  // tells its worker. Does not wait for the links.
+  // Stops now: every waiting call raises `why`, and each link wakes from its transport and tells
+  // its worker, which this waits for (a process that exits next would otherwise close the
+  // connections first, and the workers would learn nothing but that). Any thread (the exit's too).
   void stop(const std::string& why) {
     state_->stop(why);
+    const std::lock_guard<std::mutex> lock(links_mutex_);
     for (auto& link : links_) link->cancel();
+    const auto deadline = std::chrono::steady_clock::now() + kStoppedLinksWait;
+    for (auto& link : links_) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      link->finished_within(std::max(left, std::chrono::milliseconds(0)));
+    }
   }
 
   std::uint64_t join(const at::Tensor& params) {
@@ -151,6 +168,8 @@ class Server {
   at::Tensor params_;
   std::unique_ptr<ps::ServerState> state_;
   std::unique_ptr<ps::LocalWorker> local_;
+  const int server_rank_;
+  std::mutex links_mutex_;  // add_link() against stop() from another thread; the rest is the owner's
   std::vector<std::unique_ptr<ps::ServerLink>> links_;
 };
 
@@ -171,6 +190,14 @@ class RemoteWorker {
   ps::RemoteWorker worker_;
   std::size_t numel_;
 };
+
+// At interpreter exit: every live server stops (its links wake and tell their workers `why`), so
+// no link thread is left waiting on a peer when the process ends.
+void stop_parameter_servers(const std::string& why) {
+  auto& live = Live<Server>::all();
+  const std::lock_guard<std::mutex> lock(live.mutex);
+  for (Server* server : live.objects) server->stop(why);
+}
 
 }  // namespace
 
@@ -220,6 +247,9 @@ void bind_parameter_server(py::module_& m) {
       .def("log", &Server::log, release())
       .def("reports", &Server::reports)
       .def("gradients", &Server::gradients);
+
+  m.def("stop_parameter_servers", &stop_parameter_servers, py::arg("why"), py::call_guard<py::gil_scoped_release>(),
+        "At interpreter exit: every live parameter server stops, telling its workers `why`.");
 
   // Dropped without the GIL, as the server: its destructor tells the server it leaves, over the network.
   py::class_<RemoteWorker, std::shared_ptr<RemoteWorker>>(m, "PsWorker")

@@ -48,7 +48,12 @@ Request ProcessGroupTransport::post(int peer, void* data, std::size_t bytes, boo
   int& posted = (is_send ? sends_posted_ : recvs_posted_)[lane_ * world_ + peer];
   const int tag = posted * static_cast<int>(kProcessGroupMaxLanes) + static_cast<int>(lane_);
   posted = (posted + 1) % (kTagCycle / static_cast<int>(kProcessGroupMaxLanes));
-  auto work = is_send ? backend_->send(tensors, peer, tag) : backend_->recv(tensors, peer, tag);
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    work = is_send ? backend_->send(tensors, peer, tag) : backend_->recv(tensors, peer, tag);
+  } catch (const std::exception& error) {
+    fail_transfer(peer, is_send, error);  // gloo refuses to post on a connection the peer has closed
+  }
   const std::int64_t id = next_id_++;
   pending_.emplace(id, Pending{std::move(work), std::move(tensors), peer, is_send});
   return Request{id};
@@ -74,25 +79,28 @@ void ProcessGroupTransport::wait_work(Pending& pending) {
     completed = pending.work->wait(timeout_);
   } catch (const std::exception& error) {
     forget_waiting();
-    // A peer that aborted closed its connections: report its notice, the same on every rank.
-    std::optional<AbortNotice> notice;
-    std::string store_note;
-    try {
-      notice = published_abort(*notices_);
-    } catch (const std::exception& unreachable) {  // no answer in time, or the store's server is gone
-      store_unreachable_ = true;
-      store_note = detail::concat("; ", unreachable.what());
-    }
-    if (notice) notice->raise();
-    throw std::runtime_error(detail::concat("ringreduce: rank ", rank_name(rank_),
-                                            pending.is_send ? " sending to" : " receiving from", " rank ",
-                                            rank_name(pending.peer), " over ", backend_->getBackendName(),
-                                            " failed (timeout ", timeout_.count(), " ms): ", error.what(), store_note));
+    fail_transfer(pending.peer, pending.is_send, error);
   }
   forget_waiting();
   // gloo answers an aborted wait with false rather than an error.
   if (cancelled_.load()) throw cancelled();
   RR_CHECK(completed, "rank ", rank_name(rank_), ": a transfer with rank ", rank_name(pending.peer), " was aborted");
+}
+
+void ProcessGroupTransport::fail_transfer(int peer, bool is_send, const std::exception& error) {
+  // A peer that aborted closed its connections: report its notice, the same on every rank.
+  std::optional<AbortNotice> notice;
+  std::string store_note;
+  try {
+    notice = published_abort(*notices_);
+  } catch (const std::exception& unreachable) {  // no answer in time, or the store's server is gone
+    store_unreachable_ = true;
+    store_note = detail::concat("; ", unreachable.what());
+  }
+  if (notice) notice->raise();
+  throw std::runtime_error(detail::concat("ringreduce: rank ", rank_name(rank_), is_send ? " sending to" : " receiving from",
+                                          " rank ", rank_name(peer), " over ", backend_->getBackendName(),
+                                          " failed (timeout ", timeout_.count(), " ms): ", error.what(), store_note));
 }
 
 void ProcessGroupTransport::forget_waiting() {

@@ -65,6 +65,8 @@ class ProcessGroupTransport final : public MessageTransport {
   };
   Request post(int peer, void* data, std::size_t bytes, bool is_send);
   void wait_work(Pending& pending);
+  // Raises the group's published notice, or else what went wrong with a transfer with `peer`.
+  [[noreturn]] void fail_transfer(int peer, bool is_send, const std::exception& error);
   void forget_waiting();
 
   c10::intrusive_ptr<c10d::Backend> backend_;
