@@ -15,7 +15,9 @@ None: no bound). The engine (csrc/ps/) moves the bytes over shared memory on one
 private gloo group per worker across hosts, and applies SGD in C++; Python only checks and wraps.
 
 A worker that dies or times out is dropped (the server says so on stderr and in `stats`) and the
-others go on; if the server dies, every worker's next step raises within the group's timeout.
+others go on; if the server dies, every worker's next step raises within the group's timeout. The
+server rank stops the server (`stop()`, an exception out of a `with` block, Ctrl-C in `close()`,
+dropping it, exiting) at once, and every worker is told why.
 """
 
 import datetime
