@@ -197,11 +197,6 @@ void ServerState::stop(const std::string& why) {
   progressed_.notify_all();
 }
 
-bool ServerState::stopped() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return stopped_;
-}
-
 std::string ServerState::failure() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return failure_;

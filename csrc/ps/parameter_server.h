@@ -114,7 +114,6 @@ class ServerState {
   void leave(int worker, const std::string& lost);
   // Wakes every waiting reader and pusher with an error saying `why`; later calls throw it too.
   void stop(const std::string& why);
-  bool stopped() const;
   // Why the server stopped by itself: its update raised (empty otherwise). That is the server's
   // failure, not the pushing worker's: the state stops, every link tells its worker this, and the
   // server rank raises it.
