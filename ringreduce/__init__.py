@@ -9,8 +9,10 @@ import torch  # noqa: F401  (loads libtorch before the extension)
 
 from ringreduce import backend, hooks, ps, tuning
 from ringreduce._C import CommTimeoutError, MismatchError
+from ringreduce._errors import RanksLostError
 from ringreduce.collectives import (all_gather_into_tensor, all_reduce, broadcast, destroy, reduce,
                                     reduce_scatter_tensor)
+from ringreduce.elastic import lost_ranks, shrink
 from ringreduce.info import build_info
 from ringreduce.local import LocalGroup, LocalWorld
 from ringreduce.local_sgd import LocalSGD, average_parameters
@@ -25,6 +27,7 @@ __all__ = [
     "LocalSGD",
     "LocalWorld",
     "MismatchError",
+    "RanksLostError",
     "all_gather_into_tensor",
     "all_reduce",
     "average_parameters",
@@ -33,8 +36,10 @@ __all__ = [
     "build_info",
     "destroy",
     "hooks",
+    "lost_ranks",
     "ps",
     "reduce",
     "reduce_scatter_tensor",
+    "shrink",
     "tuning",
 ]

@@ -8,37 +8,51 @@ reduce and barrier run on ringreduce's engine; gather, scatter, all-to-all and s
 gloo backend on the same store (CUDA tensors: torch's NCCL backend). Every group made with ``new_group`` gets its own.
 ``RINGREDUCE_ALGORITHM`` (auto, ring, central, one_shot or hierarchical) picks the all-reduce algorithm; auto by
 default (see ringreduce.tuning).
+
+When ranks die, every survivor raises ringreduce.RanksLostError naming them, and
+``dist.shrink_group(lost)`` gives the survivors a group of their own (see README, "When a rank dies").
 """
 
 import datetime
 import os
+import threading
 
 import torch
 import torch.distributed as dist
 
 from ringreduce import _C, _debug
 from ringreduce._checks import algorithm_code
-from ringreduce._groups import agree_on_auto_table, host_labels, host_summary
+from ringreduce._errors import RanksLostError
+from ringreduce._groups import agree_on_auto_table, host_identity, host_labels, host_summary
 
 NAME = "ringreduce"
 # The all-reduce algorithm of every ringreduce backend of the process (auto by default).
 ALGORITHM_ENV = "RINGREDUCE_ALGORITHM"
 
 
-def _create(store, rank, size, timeout):
-    """The creator torch calls once per group, on every member, with group-local rank and size."""
+# How long the survivors of a shrink may take to build the shrunk group once all have met (store
+# waits and gloo's connections; well under a second here, 4 ranks on 2 cores): a death inside the
+# build shows as a wait that ends here, not in the group's timeout.
+SHRINK_BUILD_TIMEOUT_S = 10.0
+# How often a shrink looks at the group's pulses while the shrunk group is built: a store read per
+# look, against a loss bound of 1.5 s.
+SHRINK_WATCH_POLL_S = 0.05
+
+
+def _create(store, rank, size, timeout, build_timeout_s=None):
+    """The creator torch calls once per group, on every member, with group-local rank and size.
+    `build_timeout_s` bounds the waits for the other ranks while building (default: the timeout)."""
     timeout_s = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+    build_s = min(timeout_s, build_timeout_s or timeout_s)
     algorithm = os.environ.get(ALGORITHM_ENV, "auto")
     code = algorithm_code(algorithm)
-    fallback = dist.ProcessGroupGloo(dist.PrefixStore("fallback/", store), rank, size,
-                                     datetime.timedelta(seconds=timeout_s))
+    fallback = _gloo(dist.PrefixStore("fallback/", store), rank, size, timeout_s, build_s)
     hosts = host_labels(dist.PrefixStore("hosts/", store), rank, size)
     if len(set(hosts)) == 1:
         cpu = _C.shm_communicator(dist.PrefixStore("shm/", store), rank, size, timeout_s)
         why = "every rank on this host: shared memory"
     else:
-        engine_gloo = dist.ProcessGroupGloo(dist.PrefixStore("pg/", store), rank, size,
-                                            datetime.timedelta(seconds=timeout_s))
+        engine_gloo = _gloo(dist.PrefixStore("pg/", store), rank, size, timeout_s, build_s)
         cpu = _C.pg_communicator(engine_gloo, dist.PrefixStore("pg-notices/", store), timeout_s, hosts)
         why = host_summary(cpu)
     agree_on_auto_table(cpu, dist.PrefixStore("auto-table/", store), rank)
@@ -56,7 +70,61 @@ def _create(store, rank, size, timeout):
                                            datetime.timedelta(seconds=timeout_s))
                      if torch.cuda.is_available() and dist.is_nccl_available() else None)
 
-    return _C.Backend(store, rank, size, timeout_s, cpu, fallback, cuda_fallback, code, _debug.enabled())
+    members = dist.PrefixStore("membership/", store)
+    membership = _C.Membership(dist.PrefixStore("membership/", store.clone()), members, rank, size, host_identity(),
+                               timeout_s)
+    return _C.Backend(store, rank, size, timeout_s, cpu, fallback, cuda_fallback, code, _debug.enabled(), membership)
+
+
+def _gloo(store, rank, size, timeout_s, build_s):
+    """A gloo backend whose connecting waits at most `build_s`, and whose calls then get `timeout_s`."""
+    gloo = dist.ProcessGroupGloo(store, rank, size, datetime.timedelta(seconds=build_s))
+    gloo._set_default_timeout(datetime.timedelta(seconds=timeout_s))
+    return gloo
+
+
+def _shrink(backend, excluded, flags):
+    """The survivors' half of torch.distributed.shrink_group (called by the backend's C++ shrink on
+    every survivor): once all have met, each builds the shrunk group's backend under keys of the
+    round they met in. The new ranks keep the survivors' order, as torch numbers a shrunk group."""
+    del flags  # the old group is broken already: nothing of it is left to abort or to finish
+    round_ = backend.membership.roll_call(excluded)
+    survivors = [r for r in range(backend.size()) if r not in excluded]
+    rank = survivors.index(backend.rank())
+    _debug.info_once(("shrink", id(backend), round_),
+                     f"backend rank {backend.rank()}/{backend.size()}: shrinking without {excluded}; "
+                     f"rank {rank}/{len(survivors)} of the shrunk group")
+    store = dist.PrefixStore(f"shrunk/{round_}/", backend.store.clone())
+    store.set_timeout(datetime.timedelta(seconds=SHRINK_BUILD_TIMEOUT_S))
+    built = {}
+
+    def build():
+        try:
+            built["backend"] = _create(store, rank, len(survivors), datetime.timedelta(seconds=backend.timeout_s),
+                                       build_timeout_s=SHRINK_BUILD_TIMEOUT_S)
+        except BaseException as error:  # noqa: BLE001 - handed to the caller below
+            built["error"] = error
+
+    # The build waits for every survivor; a survivor that dies meanwhile is found by the group's pulses
+    # within the loss bound, and the build, left to end on its own, is dropped.
+    builder = threading.Thread(target=build, name="ringreduce-shrink-build", daemon=True)
+    builder.start()
+    while builder.is_alive():
+        builder.join(SHRINK_WATCH_POLL_S)
+        lost = backend.membership.poll_loss() if builder.is_alive() else backend.membership.lost
+        if lost != list(excluded):
+            raise _lost_while_building(backend, lost)
+    if "error" in built:
+        lost = backend.membership.agree_on_loss()
+        if lost != list(excluded):
+            raise _lost_while_building(backend, lost) from built["error"]
+        raise built["error"]
+    return built["backend"]
+
+
+def _lost_while_building(backend, lost):
+    return RanksLostError(f"ringreduce: rank {backend.rank()}: the group lost ranks {lost} while the survivors built "
+                          f"the shrunk group; call shrink_group({lost}) again", lost)
 
 
 def register() -> None:

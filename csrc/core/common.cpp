@@ -1,5 +1,11 @@
 #include "core/common.h"
 
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <fstream>
+
 namespace ringreduce {
 
 const char* dtype_name(DType dtype) {
@@ -91,9 +97,32 @@ void AbortNotice::raise() const {
   switch (kind) {
     case Kind::Mismatch: throw MismatchError(message);
     case Kind::Timeout: throw TimeoutError(message);
+    case Kind::Lost: throw RanksLostError(message, lost);
     case Kind::Failure: break;
   }
   throw std::runtime_error(message);
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::ostringstream out;
+  out << "[";
+  for (std::size_t i = 0; i < ranks.size(); ++i) out << (i ? ", " : "") << ranks[i];
+  out << "]";
+  return out.str();
+}
+
+std::uint64_t own_pid_namespace() {
+  struct stat info {};
+  return ::stat("/proc/self/ns/pid", &info) == 0 ? static_cast<std::uint64_t>(info.st_ino) : 0;
+}
+
+bool process_gone(std::int64_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  if (!stat) return ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+  std::string line;
+  std::getline(stat, line);
+  const auto paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() && (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
 }
 
 }  // namespace ringreduce

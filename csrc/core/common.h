@@ -7,6 +7,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "core/header.h"
 
@@ -63,11 +64,33 @@ std::string describe(const CollectiveHeader& header, const CollectiveHeader& oth
 // The error every rank raises when `mine` (ours) and `theirs` (peer's) differ.
 [[noreturn]] void throw_mismatch(int rank, const CollectiveHeader& mine, int peer, const CollectiveHeader& theirs);
 
-// How a failed collective ended, as every rank of the group will report it.
+// Raised on every survivor when ranks of its group are lost (their process gone, or silent past the
+// loss bound): `lost` is the set the survivors agreed on, in group ranks, sorted.
+class RanksLostError : public std::runtime_error {
+ public:
+  RanksLostError(const std::string& message, std::vector<int> lost)
+      : std::runtime_error(message), lost_(std::move(lost)) {}
+  const std::vector<int>& lost() const { return lost_; }
+
+ private:
+  std::vector<int> lost_;
+};
+
+// "[1, 3]": how messages name a set of ranks.
+std::string rank_list(const std::vector<int>& ranks);
+
+// True when process `pid` (of this pid namespace) has exited; a zombie counts, as it never answers.
+bool process_gone(std::int64_t pid);
+// This process's pid namespace: pids compare only inside one.
+std::uint64_t own_pid_namespace();
+
+// How a failed collective ended, as every rank of the group will report it. Transports carry the
+// first three kinds; Lost is what the group's membership makes of a failure (`lost`: the ranks).
 struct AbortNotice {
-  enum class Kind : std::uint8_t { Failure, Timeout, Mismatch };
+  enum class Kind : std::uint8_t { Failure, Timeout, Mismatch, Lost };
   Kind kind = Kind::Failure;
   std::string message;
+  std::vector<int> lost{};
   // Rethrows as the exception class the kind stands for.
   [[noreturn]] void raise() const;
 };

@@ -288,10 +288,26 @@ void Communicator::await_on_host(std::uint64_t sequence) {
   transport_->raise_if_failed();
 }
 
+void Communicator::cancel() {
+  transport_->cancel();
+  if (hosts_ && hosts_->neighbours) hosts_->neighbours->cancel();
+}
+
 void Communicator::fail(AbortNotice notice) {
+  const auto failed_at = std::chrono::steady_clock::now();
   broken_ = transport_->abort(notice);
   // This host's ranks may wait for this one in shared memory, where the group's notice does not reach.
   if (hosts_ && hosts_->neighbours) hosts_->neighbours->abort(broken_);
+  // A disagreement is never a loss; anything else may be one, and every survivor must say so alike.
+  if (membership_ && broken_.kind != AbortNotice::Kind::Mismatch) {
+    try {
+      if (!membership_->agree_on_loss(failed_at).empty()) membership_->raise_lost("first seen here as: " + broken_.message);
+    } catch (const RanksLostError& lost) {
+      broken_ = {AbortNotice::Kind::Lost, lost.what(), lost.lost()};
+    } catch (const std::exception& unknown) {
+      broken_.message += detail::concat("; ", unknown.what());
+    }
+  }
   broken_.raise();
 }
 

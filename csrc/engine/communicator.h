@@ -16,6 +16,7 @@
 #include "core/transport.h"
 #include "engine/auto_choice.h"
 #include "engine/executor.h"
+#include "engine/membership.h"
 #include "hierarchy/hierarchical.h"
 
 namespace ringreduce {
@@ -80,6 +81,13 @@ class Communicator {
   // (it moves fewer bytes across hosts, in fewer steps), else the ring.
   Algorithm chunked_auto() const { return has_even_hierarchy() ? Algorithm::Hierarchical : Algorithm::Ring; }
 
+  // From now on a failure asks `membership` whether ranks were lost, and raises RanksLostError with
+  // the survivors' agreed set when they were (else the failure as it was).
+  void watch(std::shared_ptr<Membership> membership) { membership_ = std::move(membership); }
+  // Thread-safe: makes the transfers being waited for raise soon (Transport::cancel); the
+  // communicator is broken afterwards. What a membership that finds a rank lost calls.
+  void cancel();
+
   // Runs one collective on the calling thread; call it from a job of executor(). After a failure
   // the transport is aborted, every rank raises the same error, and every later call raises it again.
   // An all-reduce of algorithm Auto runs what the table, the learner or the prior chooses; a
@@ -128,6 +136,7 @@ class Communicator {
   std::unique_ptr<AutoLearner> learner_;  // made by the first Auto call that learns
   std::uint64_t sequence_ = 0;  // collectives issued so far (travels in the headers)
   AbortNotice broken_;          // why the communicator stopped; empty message while healthy
+  std::shared_ptr<Membership> membership_;  // null: failures are not examined for lost ranks
   std::shared_ptr<void> caller_state_;
   std::unique_ptr<void, void (*)(void*)> host_scratch_{nullptr, std::free};
   std::size_t host_scratch_bytes_ = 0;

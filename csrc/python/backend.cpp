@@ -86,16 +86,37 @@ RingReduceBackend::RingReduceBackend(c10::intrusive_ptr<c10d::Store> store, int 
                                      std::chrono::milliseconds timeout, std::shared_ptr<Communicator> cpu,
                                      c10::intrusive_ptr<c10d::Backend> fallback,
                                      c10::intrusive_ptr<c10d::Backend> cuda_fallback, Algorithm algorithm,
-                                     bool announce)
+                                     bool announce, std::shared_ptr<Membership> membership)
     : c10d::Backend(rank, size),
       store_(std::move(store)),
       timeout_(timeout),
       cpu_(std::move(cpu)),
+      membership_(std::move(membership)),
       fallback_(std::move(fallback)),
       cuda_fallback_(std::move(cuda_fallback)),
       algorithm_(algorithm),
       announce_(announce) {
+  if (membership_) {
+    cpu_->watch(membership_);
+    // A peer gone silent (a host whose link went down sends no FIN) ends the transfers waiting for it.
+    membership_->on_loss([cpu = std::weak_ptr<Communicator>(cpu_)] {
+      if (const std::shared_ptr<Communicator> held = cpu.lock()) held->cancel();
+    });
+  }
   Live<RingReduceBackend>::all().add(this);
+}
+
+c10::intrusive_ptr<c10d::Backend> RingReduceBackend::shrink(const std::vector<int64_t>& ranks_to_exclude,
+                                                            int shrink_flags,
+                                                            const c10::intrusive_ptr<c10d::Backend::Options>&) {
+  TORCH_CHECK(membership_, "this ringreduce backend was made without a membership and cannot shrink");
+  std::vector<int> excluded(ranks_to_exclude.begin(), ranks_to_exclude.end());
+  std::sort(excluded.begin(), excluded.end());
+  py::gil_scoped_acquire gil;
+  const py::object shrunk = py::module_::import("ringreduce.backend")
+                                .attr("_shrink")(c10::intrusive_ptr<RingReduceBackend>::reclaim_copy(this), excluded,
+                                                 shrink_flags);
+  return shrunk.cast<c10::intrusive_ptr<RingReduceBackend>>();
 }
 
 void RingReduceBackend::drop_delegates_at_exit() {
@@ -120,10 +141,12 @@ RingReduceBackend::~RingReduceBackend() {
   // the members go without it.
   std::optional<py::gil_scoped_release> without_gil;
   if (Py_IsInitialized() && PyGILState_Check()) without_gil.emplace();
+  if (membership_) membership_->on_loss(nullptr);
   fallback_.reset();
   cuda_fallback_.reset();
   gpus_.clear();
   cpu_.reset();
+  membership_.reset();
 }
 
 uint64_t RingReduceBackend::getSequenceNumberForGroup() {

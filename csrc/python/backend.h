@@ -28,8 +28,22 @@ class RingReduceBackend final : public c10d::Backend {
   // first delegation of each op is said under RINGREDUCE_DEBUG=INFO.
   RingReduceBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::chrono::milliseconds timeout,
                     std::shared_ptr<Communicator> cpu, c10::intrusive_ptr<c10d::Backend> fallback,
-                    c10::intrusive_ptr<c10d::Backend> cuda_fallback, Algorithm algorithm, bool announce);
+                    c10::intrusive_ptr<c10d::Backend> cuda_fallback, Algorithm algorithm, bool announce,
+                    std::shared_ptr<Membership> membership);
   ~RingReduceBackend() override;
+
+  // Who in the group is still there: the CPU communicator's failures name the lost ranks, and a
+  // shrink starts from the survivors' agreement.
+  const std::shared_ptr<Membership>& membership() const { return membership_; }
+  const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  // torch.distributed.shrink_group: the survivors (every caller) build a backend of their own on the
+  // group's store, after the roll call (ringreduce.backend._shrink). `ranks_to_exclude` are group
+  // ranks, sorted; torch has checked them. CPU tensors only: GPU communicators are not shrunk.
+  bool supportsShrinking() const override { return true; }
+  c10::intrusive_ptr<c10d::Backend> shrink(const std::vector<int64_t>& ranks_to_exclude, int shrink_flags,
+                                           const c10::intrusive_ptr<c10d::Backend::Options>& opts_override) override;
 
   // At interpreter exit (ringreduce's atexit): every live backend drops its delegates, which join
   // their threads while those can still take the GIL. torch keeps the backends of groups never
@@ -98,6 +112,7 @@ class RingReduceBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Store> store_;
   std::chrono::milliseconds timeout_;
   std::shared_ptr<Communicator> cpu_;
+  std::shared_ptr<Membership> membership_;
   c10::intrusive_ptr<c10d::Backend> fallback_;
   c10::intrusive_ptr<c10d::Backend> cuda_fallback_;
   Algorithm algorithm_;

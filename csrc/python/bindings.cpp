@@ -230,6 +230,7 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "ringreduce engine: ring and central all-reduce over pluggable transports";
   py::register_exception<TimeoutError>(m, "CommTimeoutError", PyExc_RuntimeError);
   py::register_exception<MismatchError>(m, "MismatchError", PyExc_RuntimeError);
+  py::register_exception_translator(&translate_ranks_lost);
 
   py::class_<Communicator, std::shared_ptr<Communicator>>(m, "Communicator")
       .def_property_readonly("rank", &Communicator::rank)
@@ -413,12 +414,44 @@ PYBIND11_MODULE(_C, m) {
       py::arg("transport"), py::arg("world"), py::arg("bytes"), py::arg("host_memory") = true,
       "The algorithm code of the table, or of the prior where the table has no lines (what auto runs before it learns).");
 
+  py::class_<Membership, std::shared_ptr<Membership>>(
+      m, "Membership", "Who in a group is still there: pulses through the group's store (engine/membership.h).")
+      .def(py::init([](c10d::Store& pulse_store, c10d::Store& store, int rank, int size, const std::string& host,
+                       double timeout_s) {
+             return std::make_shared<Membership>(
+                 std::make_unique<StoreRendezvous>(pulse_store),
+                 std::make_unique<BoundedRendezvous>(std::make_shared<StoreRendezvous>(store), kStoreReplyLimit), rank,
+                 size, host,
+                                                 lost_after_from_env(), to_millis(timeout_s));
+           }),
+           py::arg("pulse_store"), py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("host"),
+           py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>(),
+           "Collective over the group. `pulse_store`: a second connection to `store` (store.clone()) for the pulse "
+           "thread; `host`: the process's host identity. RINGREDUCE_LOST_AFTER sets the loss bound.")
+      .def_property_readonly("lost", &Membership::agreed_lost, "The lost ranks agreed so far.")
+      .def_property_readonly("lost_after_s", [](const Membership& membership) {
+        return membership.lost_after().count() / 1000.0;
+      })
+      .def(
+          "agree_on_loss", [](Membership& membership) { return membership.agree_on_loss(std::chrono::steady_clock::now()); },
+          py::call_guard<py::gil_scoped_release>(),
+          "Waits until every rank has pulsed or is lost (at most the loss bound); returns the agreed lost ranks.")
+      .def("poll_loss", &Membership::poll_loss, py::call_guard<py::gil_scoped_release>(),
+           "Without waiting: opens the next round if more ranks are lost; returns the agreed lost ranks.")
+      .def("roll_call", &Membership::roll_call, py::arg("excluded"), py::call_guard<py::gil_scoped_release>(),
+           "Before a shrink leaving out `excluded` (sorted): checks it and waits for every survivor; returns the round.");
+
   py::class_<RingReduceBackend, c10d::Backend, c10::intrusive_ptr<RingReduceBackend>>(
       m, "Backend", "The torch.distributed backend \"ringreduce\" (registered by ringreduce.backend).")
+      .def_property_readonly("membership", &RingReduceBackend::membership)
+      .def_property_readonly("store", &RingReduceBackend::store)
+      .def_property_readonly("timeout_s", [](const RingReduceBackend& backend) {
+        return backend.timeout().count() / 1000.0;
+      })
       .def(py::init([](c10d::Store& store, int rank, int size, double timeout_s,
                        const std::shared_ptr<Communicator>& cpu, c10d::Backend& fallback,
                        c10d::Backend* cuda_fallback, int algorithm_code,
-                       bool announce) {
+                       bool announce, std::shared_ptr<Membership> membership) {
              if (algorithm_code < 0 || algorithm_code > static_cast<int>(Algorithm::Auto)) throw py::value_error("bad algorithm code");
              return c10::make_intrusive<RingReduceBackend>(c10::intrusive_ptr<c10d::Store>::reclaim_copy(&store), rank,
                                                            size, to_millis(timeout_s), cpu,
@@ -426,10 +459,12 @@ PYBIND11_MODULE(_C, m) {
                                                            cuda_fallback == nullptr
                                                                ? c10::intrusive_ptr<c10d::Backend>()
                                                                : c10::intrusive_ptr<c10d::Backend>::reclaim_copy(cuda_fallback),
-                                                           static_cast<Algorithm>(algorithm_code), announce);
+                                                           static_cast<Algorithm>(algorithm_code), announce,
+                                                           std::move(membership));
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_s"), py::arg("cpu"),
            py::arg("fallback"), py::arg("cuda_fallback"), py::arg("algorithm"), py::arg("announce") = false,
+           py::arg("membership") = nullptr,
            "`cuda_fallback` (or None) serves the delegated ops on CUDA tensors; with `announce`, the first "
            "delegation of each op is said under RINGREDUCE_DEBUG=INFO.");
   bind_watchdog_probe(m);

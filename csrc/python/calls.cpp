@@ -273,7 +273,7 @@ c10::intrusive_ptr<c10d::Work> issue(Communicator& communicator, Call call, bool
   comm->executor().submit([comm, join, call] { run_call(*comm, join, call); },
                           [future, device, join, results](std::exception_ptr error) {
                             if (error) {
-                              future->setError(error);
+                              future->setError(for_torch(error));
                             } else {
                               // A CUDA future records its events on the current stream: the
                               // engine's, where the result is.
@@ -299,7 +299,11 @@ c10::intrusive_ptr<c10d::Work> run_now(Communicator& communicator, Call call) {
   std::vector<c10::Device> devices;
   if (!results.empty() && results[0].is_cuda()) devices.push_back(results[0].device());
   auto device = std::make_shared<std::function<bool()>>();
-  issue(communicator, std::move(call), false, device.get());
+  try {
+    issue(communicator, std::move(call), false, device.get());
+  } catch (const RanksLostError& lost) {
+    throw TorchRanksLostError(lost);
+  }
   auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), devices);
   future->markCompleted(c10::IValue(results));  // on the caller's stream, which now waits for the result
   return c10::make_intrusive<CollectiveWork>(future, device);

@@ -19,6 +19,39 @@ namespace py = pybind11;
 
 namespace ringreduce {
 
+TorchRanksLostError::TorchRanksLostError(const RanksLostError& lost)
+    : c10::DistBackendError(c10::SourceLocation{__func__, __FILE__, __LINE__}, lost.what()), lost_(lost.lost()) {}
+
+std::exception_ptr for_torch(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const RanksLostError& lost) {
+    return std::make_exception_ptr(TorchRanksLostError(lost));
+  } catch (...) {
+    return error;
+  }
+}
+
+namespace {
+
+void raise_ranks_lost(const std::string& message, const std::vector<int>& lost) {
+  const py::object type = py::module_::import("ringreduce._errors").attr("RanksLostError");
+  const py::object error = type(message, lost);
+  PyErr_SetObject(type.ptr(), error.ptr());
+}
+
+}  // namespace
+
+void translate_ranks_lost(std::exception_ptr error) {
+  try {
+    if (error) std::rethrow_exception(error);
+  } catch (const TorchRanksLostError& lost) {
+    raise_ranks_lost(lost.what_without_backtrace(), lost.lost());
+  } catch (const RanksLostError& lost) {
+    raise_ranks_lost(lost.what(), lost.lost());
+  }
+}
+
 std::chrono::milliseconds to_millis(double seconds) {
   if (!(seconds > 0)) throw std::invalid_argument("ringreduce: a timeout must be a positive number of seconds");
   return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));

@@ -27,6 +27,24 @@ namespace ringreduce {
 // Seconds from Python as milliseconds; refuses what is not a positive number.
 std::chrono::milliseconds to_millis(double seconds);
 
+// RanksLostError as torch's DistBackendError, which torch's own error paths (autograd and DDP's
+// backward, a blocking collective) keep as torch.distributed.DistBackendError; it still names the
+// lost ranks for Python (ringreduce.RanksLostError, see translate_ranks_lost).
+class TorchRanksLostError final : public c10::DistBackendError {
+ public:
+  explicit TorchRanksLostError(const RanksLostError& lost);
+  const std::vector<int>& lost() const { return lost_; }
+
+ private:
+  std::vector<int> lost_;
+};
+
+// `error` as it should reach torch: a RanksLostError becomes a TorchRanksLostError; others as they are.
+std::exception_ptr for_torch(std::exception_ptr error);
+
+// pybind11's translator for both lost-ranks errors: raises ringreduce.RanksLostError with `lost_ranks`.
+void translate_ranks_lost(std::exception_ptr error);
+
 // Raises TypeError for a sparse or meta tensor: they have no strided data to move.
 void require_dense(const at::Tensor& tensor);
 

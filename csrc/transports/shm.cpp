@@ -75,21 +75,6 @@ std::size_t channels_offset() { return round_up(sizeof(Header), kPageBytes); }
 std::size_t slots_offset(int world) { return round_up(channels_offset() + world * sizeof(Channel), kPageBytes); }
 std::size_t segment_size(int world) { return slots_offset(world) + world * kShmChannelBytes; }
 
-std::uint64_t own_pid_namespace() {
-  struct stat info {};
-  return ::stat("/proc/self/ns/pid", &info) == 0 ? static_cast<std::uint64_t>(info.st_ino) : 0;
-}
-
-// True when `pid` has exited (a zombie counts: it will never answer).
-bool process_gone(std::int64_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  if (!stat) return ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
-  std::string line;
-  std::getline(stat, line);
-  const auto paren = line.rfind(')');
-  return paren != std::string::npos && paren + 2 < line.size() && (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
-}
-
 // Unlinks segments left in /dev/shm by ringreduce processes that died before they unlinked them.
 void remove_stale_segments() {
   DIR* dir = ::opendir("/dev/shm");

@@ -1,0 +1,337 @@
+#include "engine/membership.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <future>
+#include <sstream>
+
+namespace ringreduce {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How often a caller waiting on the agreement or the roll call looks again: a few store reads, so
+// a survivor joins the others within a fraction of a pulse.
+constexpr std::chrono::milliseconds kAgreementPoll{20};
+
+std::string pulse_key(int rank) { return detail::concat("pulse/", rank); }
+std::string member_key(int rank) { return detail::concat("member/", rank); }
+std::string round_key(int round) { return detail::concat("lost/", round); }
+std::string here_key(int round, int rank) { return detail::concat("shrink/", round, "/here/", rank); }
+
+std::string encode(const std::vector<int>& ranks) {
+  std::string text;
+  for (int rank : ranks) text += detail::concat(text.empty() ? "" : ",", rank);
+  return text;
+}
+
+std::vector<int> decode(const std::string& text) {
+  std::vector<int> ranks;
+  std::istringstream in(text);
+  for (std::string part; std::getline(in, part, ',');) ranks.push_back(std::stoi(part));
+  return ranks;
+}
+
+bool contains(const std::vector<int>& ranks, int rank) {
+  return std::find(ranks.begin(), ranks.end(), rank) != ranks.end();
+}
+
+std::vector<int> merged(std::vector<int> a, const std::vector<int>& b) {
+  for (int rank : b) {
+    if (!contains(a, rank)) a.push_back(rank);
+  }
+  std::sort(a.begin(), a.end());
+  return a;
+}
+
+}  // namespace
+
+std::chrono::milliseconds lost_after_from_env() {
+  const char* text = std::getenv(kLostAfterEnv);
+  if (text == nullptr || *text == '\0') return kDefaultLostAfter;
+  char* end = nullptr;
+  const double seconds = std::strtod(text, &end);
+  if (end == text || *end != '\0' || !(seconds > 0)) {
+    throw std::invalid_argument(detail::concat("ringreduce: ", kLostAfterEnv, "=", text,
+                                               " is not a positive number of seconds (the silence after which a "
+                                               "rank counts as lost; default ", kDefaultLostAfter.count() / 1000.0, ")"));
+  }
+  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
+}
+
+// The pulse thread's state. The thread holds it too, so a thread left to finish a slow store call
+// at teardown touches nothing freed.
+struct Membership::Pulse {
+  std::unique_ptr<Rendezvous> keys;
+  int rank = 0;
+  std::chrono::milliseconds lost_after{};
+  std::vector<std::int64_t> pids;  // a peer's pid where this process can see it, else -1
+
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool stopping = false;
+  std::promise<void> stopped;
+  std::vector<std::string> seen;         // each rank's pulse as last read
+  std::vector<Clock::time_point> moved;  // when it was last seen to change
+  std::vector<std::uint64_t> changes;    // how often it was seen to change
+  std::vector<bool> gone;                // its process has exited (peers on this host)
+  Clock::time_point last_read;           // the last time every pulse was read
+  std::string store_error;               // the last store call's failure, while it fails
+  int rounds = 0;                        // agreement rounds some survivor has fixed, as last read
+  std::function<void()> wake;
+  bool woke = false;
+
+  // Peers lost as of the last reading (under `mutex`). Silence counts only while the readings go
+  // on: a store that stops answering makes nobody lost (see store_gone).
+  std::vector<int> lost() const {
+    std::vector<int> ranks;
+    for (int peer = 0; peer < static_cast<int>(moved.size()); ++peer) {
+      if (peer != rank && (gone[peer] || last_read - moved[peer] > lost_after)) ranks.push_back(peer);
+    }
+    return ranks;
+  }
+  // Whether the pulses have gone unread for lost_after (under `mutex`).
+  bool store_gone(Clock::time_point now) const { return now - last_read > lost_after; }
+
+  void run() {
+    std::uint64_t count = 1;  // the constructor published the first
+    std::unique_lock<std::mutex> lock(mutex);
+    while (!changed.wait_for(lock, kPulsePeriod, [&] { return stopping; })) {
+      lock.unlock();
+      std::vector<std::string> read;
+      std::string error;
+      int fixed = rounds;  // only this thread writes `rounds`
+      try {
+        keys->set(pulse_key(rank), std::to_string(++count));
+        for (int peer = 0; peer < static_cast<int>(pids.size()); ++peer) read.push_back(keys->get(pulse_key(peer)));
+        while (keys->has(round_key(fixed + 1))) ++fixed;
+      } catch (const std::exception& failure) {
+        error = failure.what();
+      }
+      std::vector<bool> exited(pids.size(), false);
+      for (std::size_t peer = 0; peer < pids.size(); ++peer) exited[peer] = pids[peer] > 0 && process_gone(pids[peer]);
+      lock.lock();
+      const Clock::time_point now = Clock::now();
+      store_error = error;
+      if (error.empty()) {
+        last_read = now;
+        for (std::size_t peer = 0; peer < read.size(); ++peer) {
+          if (read[peer] != seen[peer]) {
+            moved[peer] = now;
+            ++changes[peer];
+          }
+          seen[peer] = read[peer];
+        }
+      }
+      gone = exited;
+      rounds = fixed;
+      changed.notify_all();
+      // A loss seen here, or one another survivor found (a rank waiting on a live peer learns it here).
+      if (!woke && (!lost().empty() || rounds > 0) && wake) {
+        woke = true;
+        const std::function<void()> call = wake;
+        lock.unlock();
+        call();
+        lock.lock();
+      }
+    }
+  }
+};
+
+Membership::Membership(std::unique_ptr<Rendezvous> pulse_keys, std::unique_ptr<Rendezvous> keys, int rank, int size,
+                       const std::string& host, std::chrono::milliseconds lost_after, std::chrono::milliseconds timeout)
+    : rank_(rank), size_(size), lost_after_(lost_after), timeout_(timeout), keys_(std::move(keys)),
+      pulse_(std::make_shared<Pulse>()) {
+  // The setup waits for the others as long as the store lets it: on the pulse thread's handle, as
+  // `keys` may bound every call (a failure path must not wait minutes for a store gone with a link).
+  const std::string process = detail::concat(host, "\n", own_pid_namespace(), "\n");
+  pulse_keys->set(member_key(rank), process + std::to_string(::getpid()));
+  pulse_keys->set(pulse_key(rank), "1");
+  Pulse& pulse = *pulse_;
+  pulse.keys = std::move(pulse_keys);
+  pulse.rank = rank;
+  pulse.lost_after = lost_after;
+  pulse.pids.assign(size, -1);
+  for (int peer = 0; peer < size; ++peer) {
+    const std::string theirs = pulse.keys->get(member_key(peer));
+    if (peer != rank && theirs.compare(0, process.size(), process) == 0) {
+      pulse.pids[peer] = std::stoll(theirs.substr(process.size()));
+    }
+  }
+  pulse.seen.assign(size, "");
+  pulse.moved.assign(size, Clock::now());
+  pulse.changes.assign(size, 0);
+  pulse.gone.assign(size, false);
+  pulse.last_read = Clock::now();
+  std::thread([shared = pulse_] {
+    shared->run();
+    shared->stopped.set_value();
+  }).detach();
+}
+
+Membership::~Membership() {
+  std::future<void> stopped = pulse_->stopped.get_future();
+  {
+    const std::lock_guard<std::mutex> lock(pulse_->mutex);
+    pulse_->stopping = true;
+    pulse_->wake = nullptr;
+  }
+  pulse_->changed.notify_all();
+  // A thread still inside a store call past the wait ends on its own, holding only the Pulse.
+  stopped.wait_for(kPulseStopWait);
+}
+
+void Membership::on_loss(std::function<void()> wake) {
+  const std::lock_guard<std::mutex> lock(pulse_->mutex);
+  pulse_->wake = std::move(wake);
+}
+
+std::vector<int> Membership::agreed_lost() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return lost_;
+}
+
+void Membership::catch_up() {
+  while (keys_->has(round_key(round_ + 1))) {
+    ++round_;
+    lost_ = decode(keys_->get(round_key(round_)));
+  }
+  if (contains(lost_, rank_)) {
+    raise_lost(detail::concat("the other ranks found this rank (", rank_, ") lost: its pulse stopped for more than ",
+                              lost_after_.count(), " ms (a process stopped, or too slow a store); it cannot rejoin"));
+  }
+}
+
+void Membership::propose(const std::vector<int>& lost) {
+  const std::string held = keys_->set_once(round_key(round_ + 1), encode(lost));
+  ++round_;
+  lost_ = decode(held);
+  catch_up();
+}
+
+void Membership::raise_lost(const std::string& why) const {
+  throw RanksLostError(detail::concat("ringreduce: rank ", rank_, " of ", size_, ": the group lost ranks ",
+                                      rank_list(lost_), " (", why, "); the survivors can go on without them: "
+                                      "torch.distributed.shrink_group(", rank_list(lost_), ") or ringreduce.shrink"),
+                       lost_);
+}
+
+std::vector<int> Membership::agree_on_loss(Clock::time_point failed_at) {
+  const std::lock_guard<std::mutex> agreement(mutex_);
+  // A dead peer's last pulse may be read after the failure; two changes read since mean a live one.
+  std::vector<std::uint64_t> changes_then;
+  {
+    const std::lock_guard<std::mutex> lock(pulse_->mutex);
+    changes_then = pulse_->changes;
+  }
+  // Its last pulse is read within a period, and it is lost lost_after later, read within another.
+  const Clock::time_point deadline = failed_at + lost_after_ + 3 * kPulsePeriod;
+  for (;;) {
+    catch_up();
+    std::vector<int> suspects;
+    bool all_heard = true;
+    {
+      std::unique_lock<std::mutex> lock(pulse_->mutex);
+      const Clock::time_point now = Clock::now();
+      if (pulse_->store_gone(now)) {
+        throw std::runtime_error(detail::concat(
+            "ringreduce: rank ", rank_, " cannot tell which ranks are lost: the store that carries their pulses has "
+            "not answered for ", lost_after_.count(), " ms (", pulse_->store_error.empty() ? "no reply" : pulse_->store_error,
+            "). The store is the one part a group cannot lose: host it where no rank can take it down (see README, "
+            "'When a rank dies')"));
+      }
+      suspects = merged(lost_, pulse_->lost());
+      for (int peer = 0; peer < size_; ++peer) {
+        if (peer != rank_ && !contains(suspects, peer) && pulse_->changes[peer] < changes_then[peer] + 2) {
+          all_heard = false;
+        }
+      }
+    }
+    if (suspects.size() > lost_.size()) {
+      propose(suspects);
+      if (std::includes(lost_.begin(), lost_.end(), suspects.begin(), suspects.end())) return lost_;
+      continue;  // a round fixed by another survivor without some of ours: the next one adds them
+    }
+    if (all_heard || Clock::now() > deadline) return lost_;
+    std::unique_lock<std::mutex> lock(pulse_->mutex);
+    pulse_->changed.wait_for(lock, kAgreementPoll);
+  }
+}
+
+std::vector<int> Membership::poll_loss() {
+  const std::lock_guard<std::mutex> agreement(mutex_);
+  catch_up();
+  std::vector<int> suspects;
+  {
+    const std::lock_guard<std::mutex> lock(pulse_->mutex);
+    suspects = merged(lost_, pulse_->lost());
+  }
+  if (suspects.size() > lost_.size()) propose(suspects);
+  return lost_;
+}
+
+int Membership::roll_call(const std::vector<int>& excluded) {
+  const std::lock_guard<std::mutex> agreement(mutex_);
+  // The excluded ranks must be lost: wait until each is, or has pulsed twice since we began (alive;
+  // one change may be a dead rank's last pulse, read late).
+  std::vector<std::uint64_t> changes_then;
+  {
+    const std::lock_guard<std::mutex> lock(pulse_->mutex);
+    changes_then = pulse_->changes;
+  }
+  for (;;) {
+    catch_up();
+    std::vector<int> suspects;
+    std::vector<int> alive;
+    {
+      const std::lock_guard<std::mutex> lock(pulse_->mutex);
+      suspects = merged(lost_, pulse_->lost());
+      for (int rank : excluded) {
+        if (!contains(suspects, rank) && pulse_->changes[rank] >= changes_then[rank] + 2) alive.push_back(rank);
+      }
+    }
+    if (suspects.size() > lost_.size()) {
+      propose(suspects);
+      continue;
+    }
+    if (!alive.empty()) {
+      throw std::invalid_argument(detail::concat(
+          "ringreduce: shrink leaves out rank(s) ", rank_list(alive), ", which are alive (their pulse moved twice while this "
+          "rank looked). A shrink leaves out ranks that are lost; a rank to be removed must "
+          "leave first (destroy its group or exit). Lost so far: ", rank_list(lost_)));
+    }
+    if (std::includes(lost_.begin(), lost_.end(), excluded.begin(), excluded.end())) break;
+    std::this_thread::sleep_for(kAgreementPoll);
+  }
+  if (lost_ != excluded) {
+    raise_lost(detail::concat("shrink was asked to leave out ", rank_list(excluded), " only; call it again with all of "
+                              "the lost ranks"));
+  }
+  // Every survivor of this round meets here before any builds the shrunk group.
+  const int round = round_;
+  keys_->set(here_key(round, rank_), "1");
+  const Clock::time_point deadline = Clock::now() + timeout_;
+  for (int peer = 0; peer < size_; ++peer) {
+    while (!contains(lost_, peer) && !keys_->has(here_key(round, peer))) {
+      catch_up();
+      std::vector<int> suspects;
+      {
+        const std::lock_guard<std::mutex> lock(pulse_->mutex);
+        suspects = merged(lost_, pulse_->lost());
+      }
+      if (suspects.size() > lost_.size()) propose(suspects);
+      if (round_ != round) raise_lost("another rank was lost while the survivors met to shrink");
+      if (Clock::now() > deadline) {
+        throw TimeoutError(detail::concat(timed_out_after(timeout_), "shrink: rank ", peer, " is alive but has not "
+                                          "called shrink; every survivor must, with the same lost ranks ",
+                                          rank_list(lost_)));
+      }
+      std::this_thread::sleep_for(kAgreementPoll);
+    }
+  }
+  return round;
+}
+
+}  // namespace ringreduce

@@ -1,0 +1,51 @@
+"""Survivors that go on: the lost ranks of a group, and a group without them.
+
+    try:
+        train_step()
+    except ringreduce.RanksLostError as lost:       # every survivor, the same lost_ranks
+        group = ringreduce.shrink(group, lost.lost_ranks)
+
+``shrink`` is ``torch.distributed.shrink_group`` on a group of the ringreduce backend, with its
+checks made first; see README, "When a rank dies".
+"""
+
+import torch
+import torch.distributed as dist
+
+from ringreduce import _C
+from ringreduce.collectives import destroy
+
+
+def _backend_of(group):
+    group = group or dist.distributed_c10d._get_default_group()
+    try:
+        backend = group._get_backend(torch.device("cpu"))
+    except RuntimeError:
+        backend = None
+    if not isinstance(backend, _C.Backend) or backend.membership is None:
+        raise TypeError(
+            f"group {group.group_name!r} is not on the ringreduce backend, so ringreduce cannot shrink it (torch's gloo "
+            "backend cannot shrink at all). Make the group with init_process_group(\"ringreduce\") or "
+            "new_group(backend=\"ringreduce\")"
+        )
+    return group, backend
+
+
+def lost_ranks(group=None) -> list:
+    """The ranks of `group` (default: WORLD) its survivors agreed are lost; empty while none is."""
+    return list(_backend_of(group)[1].membership.lost)
+
+
+def shrink(group=None, lost=None):
+    """A group of the survivors of `group` (default: WORLD), without the ranks `lost` (default:
+    ``lost_ranks(group)``); every survivor calls it. Ranks keep their order. Shrinking WORLD makes
+    the new group the default one and destroys every other group, as torch.distributed.shrink_group
+    does. Raises RanksLostError if more ranks are lost than `lost` names (call again with
+    ``err.lost_ranks``), and ValueError for a rank in `lost` that is alive."""
+    group, backend = _backend_of(group)
+    lost = backend.membership.lost if lost is None else lost
+    if not lost:
+        raise ValueError("ringreduce.shrink: no rank of the group is known to be lost; pass the ranks to leave out")
+    shrunk = dist.shrink_group(list(lost), group=group)
+    destroy(group)
+    return shrunk
