@@ -147,3 +147,15 @@ def test_a_host_killed_makes_the_other_hosts_ranks_raise_naming_a_lost_rank(host
     assert max(delays.values()) < FAULT_TIMEOUT_S + FAULT_MARGIN_S, delays
     lost = PLACEMENTS["2x2"][host]
     assert all(any(f"rank {r}" in e for r in lost) for e in errors.values()), errors
+
+
+def test_elastic_ddp_goes_on_after_a_host_or_a_rank_dies():
+    """examples/elastic_ddp.py on 2 emulated hosts x 2 ranks: trial 0 kills host 1 (both its ranks),
+    trial 1 kills rank 0 (seed 3); the survivors shrink and finish with identical parameters (the
+    script checks), and the emulated hosts are removed (the fixture checks)."""
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "elastic_ddp.py"), "--emulated-hosts", "2",
+                           "--nproc", "2", "--trials", "2", "--seed", "3", "--steps", "20"],
+                          capture_output=True, text=True, timeout=2 * LAUNCH_TIMEOUT_S)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "2 of 2 trials finished" in done.stdout, done.stdout
+    assert "kill host 1" in done.stdout and "kill rank 0" in done.stdout, done.stdout

@@ -1,5 +1,6 @@
 """The training examples run on the ringreduce backend and learn exactly what they learn on gloo."""
 
+import json
 import os
 import re
 import subprocess
@@ -31,3 +32,19 @@ def test_example_learns_what_it_learns_on_gloo(script, extra):
     ours = _losses(script, "ringreduce", extra)
     assert ours == _losses(script, "gloo", extra), "the printed losses (4 decimals) differ from gloo's"
     assert ours[1] < ours[0], "the loss falls"
+
+
+def test_elastic_example_trains_through_a_killed_rank(tmp_path):
+    """examples/elastic_ddp.py: rank 2 of 3 dies in a backward; the other two shrink and finish, with
+    identical parameters (the script checks), and the loss after the fault is below the first."""
+    out = tmp_path / "run.json"
+    done = subprocess.run([sys.executable, os.path.join(EXAMPLES, "elastic_ddp.py"), "--nproc", "3", "--kill-rank", "2",
+                           "--kill-step", "6", "--steps", "20", "--json", str(out), "--plot", str(tmp_path / "run.png")],
+                          capture_output=True, text=True, timeout=EXAMPLE_TIMEOUT_S)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "fault at step 6 (backward)" in done.stdout, done.stdout
+    run = json.loads(out.read_text())
+    losses = [loss for _, loss in run["losses"]]
+    assert [step for step, _ in run["losses"]] == list(range(20))  # the failed step was done again
+    assert losses[-1] < losses[0]
+    assert (tmp_path / "run.png").stat().st_size > 0
