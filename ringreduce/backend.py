@@ -88,13 +88,13 @@ def _shrink(backend, excluded, flags):
     every survivor): once all have met, each builds the shrunk group's backend under keys of the
     round they met in. The new ranks keep the survivors' order, as torch numbers a shrunk group."""
     del flags  # the old group is broken already: nothing of it is left to abort or to finish
-    round_ = backend.membership.roll_call(excluded)
+    round_, attempt = backend.membership.roll_call(excluded)
     survivors = [r for r in range(backend.size()) if r not in excluded]
     rank = survivors.index(backend.rank())
     _debug.info_once(("shrink", id(backend), round_),
                      f"backend rank {backend.rank()}/{backend.size()}: shrinking without {excluded}; "
                      f"rank {rank}/{len(survivors)} of the shrunk group")
-    store = dist.PrefixStore(f"shrunk/{round_}/", backend.store.clone())
+    store = dist.PrefixStore(f"shrunk/{round_}.{attempt}/", backend.store.clone())
     store.set_timeout(datetime.timedelta(seconds=SHRINK_BUILD_TIMEOUT_S))
     built = {}
 
@@ -119,6 +119,7 @@ def _shrink(backend, excluded, flags):
         if lost != list(excluded):
             raise _lost_while_building(backend, lost) from built["error"]
         raise built["error"]
+    store.set_timeout(datetime.timedelta(seconds=backend.timeout_s))  # later waits (NCCL made on first use)
     return built["backend"]
 
 

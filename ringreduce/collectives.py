@@ -182,6 +182,8 @@ EXIT_WAIT_FOR_WORKERS_S = 5.0
 
 def _at_exit():
     """Teardown at interpreter exit, in the one order csrc/README.md ("Teardown") states."""
+    # 0. No group's pulse thread runs on into the teardown (a rank that exits is lost to its peers anyway).
+    _C.stop_pulses()
     # 1. Parameter servers stop: their links wake and tell their workers, so no link thread waits on a peer.
     _C.stop_parameter_servers("ringreduce.ps: the parameter server has stopped: its process is exiting")
     # 2. The communicators go; 3. their workers end while the interpreter can still run their completions.

@@ -203,7 +203,9 @@ def test_a_rank_gone_silent_is_lost_within_the_bound_not_the_group_timeout(trans
     env = _env(transport)
     results = run_ranks(4, _frozen_rank, backend="ringreduce", env=env, dying=(2,))
     for detected_s in results[:2] + results[3:]:
-        assert detected_s < 2.0 + 0.5, results  # the bound, plus a pulse for a loaded machine
+        # The 2 s the loss bound promises, plus a second for 4 ranks on a loaded 2-core machine
+        # (measured: benchmarks/RESULTS.md, 2026-12-03); the group's timeout is 30 minutes.
+        assert detected_s < 3.0, results
 
 
 def _bad_shrinks(rank, world):
@@ -236,3 +238,67 @@ def _bad_shrinks(rank, world):
 
 def test_bad_shrinks_get_clear_errors_and_leave_the_group_working():
     assert run_ranks(4, _bad_shrinks, backend="ringreduce") == [True] * 4
+
+
+def _store_keeper_dies(rank, port, results):
+    import ringreduce  # noqa: F401  (registers the backend)
+    # torch's TCPStore lives in rank 0 here, as with env:// outside torchrun.
+    dist.init_process_group("ringreduce", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=3)
+    t = torch.ones(1 << 20)
+    dist.all_reduce(t)
+    if rank == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        dist.all_reduce(t)
+        results.put((rank, "no error"))
+    except Exception as error:  # noqa: BLE001 - reported to the test
+        results.put((rank, f"{type(error).__name__}: {error}"))
+    results.close()
+    results.join_thread()  # the put is sent before the exit below
+    os._exit(0)  # the group cannot be torn down without its store
+
+
+def test_when_the_store_dies_with_its_rank_the_survivors_say_the_store_is_gone():
+    import multiprocessing
+    import socket
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_store_keeper_dies, args=(r, port, results)) for r in range(3)]
+    for proc in procs:
+        proc.start()
+    try:
+        errors = dict(results.get(timeout=120) for _ in range(2))
+    finally:
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+    assert sorted(errors) == [1, 2]
+    for error in errors.values():
+        assert "the store the group agrees through is gone" in error, error
+        assert "the one part a group cannot lose" in error, error
+
+
+def _subgroup_shrinks(rank, world):
+    sub = dist.new_group(backend="ringreduce")
+    x = torch.ones(1000)
+    dist.all_reduce(x, group=sub)
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    with pytest.raises(ringreduce.RanksLostError) as caught:
+        dist.all_reduce(x, group=sub)
+    assert caught.value.lost_ranks == [1]
+    shrunk = ringreduce.shrink(sub, [1])
+    assert dist.get_world_size(shrunk) == 2 and dist.get_rank(shrunk) == {0: 0, 2: 1}[rank]
+    assert dist.get_world_size() == 3  # the default group is left as it is
+    y = torch.full((1000,), float(rank))
+    dist.all_reduce(y, group=shrunk)
+    assert torch.equal(y, torch.full((1000,), 2.0))
+    return True
+
+
+def test_a_group_other_than_the_default_one_shrinks_on_its_own():
+    assert run_ranks(3, _subgroup_shrinks, backend="ringreduce", dying=(1,))[::2] == [True, True]

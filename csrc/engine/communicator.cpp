@@ -301,7 +301,8 @@ void Communicator::fail(AbortNotice notice) {
   // A disagreement is never a loss; anything else may be one, and every survivor must say so alike.
   if (membership_ && broken_.kind != AbortNotice::Kind::Mismatch) {
     try {
-      if (!membership_->agree_on_loss(failed_at).empty()) membership_->raise_lost("first seen here as: " + broken_.message);
+      const std::vector<int> lost = membership_->agree_on_loss(failed_at);
+      if (!lost.empty()) membership_->raise_lost(lost, "first seen here as: " + broken_.message);
     } catch (const RanksLostError& lost) {
       broken_ = {AbortNotice::Kind::Lost, lost.what(), lost.lost()};
     } catch (const std::exception& unknown) {

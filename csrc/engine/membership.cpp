@@ -12,6 +12,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Readings further apart than this are a gap (see Pulse::run): two periods.
+constexpr std::chrono::milliseconds kReadGap = 2 * kPulsePeriod;
 // How often a caller waiting on the agreement or the roll call looks again: a few store reads, so
 // a survivor joins the others within a fraction of a pulse.
 constexpr std::chrono::milliseconds kAgreementPoll{20};
@@ -19,7 +21,9 @@ constexpr std::chrono::milliseconds kAgreementPoll{20};
 std::string pulse_key(int rank) { return detail::concat("pulse/", rank); }
 std::string member_key(int rank) { return detail::concat("member/", rank); }
 std::string round_key(int round) { return detail::concat("lost/", round); }
-std::string here_key(int round, int rank) { return detail::concat("shrink/", round, "/here/", rank); }
+std::string here_key(int round, int attempt, int rank) {
+  return detail::concat("shrink/", round, ".", attempt, "/here/", rank);
+}
 
 std::string encode(const std::vector<int>& ranks) {
   std::string text;
@@ -61,6 +65,17 @@ std::chrono::milliseconds lost_after_from_env() {
   return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
 }
 
+// Every membership's pulse, for stop_every_pulse() at exit. Never destroyed: threads may outlive
+// static destruction.
+struct LivePulses {
+  std::mutex mutex;
+  std::vector<std::weak_ptr<Membership::Pulse>> pulses;
+};
+LivePulses& live_pulses() {
+  static auto* live = new LivePulses;
+  return *live;
+}
+
 // The pulse thread's state. The thread holds it too, so a thread left to finish a slow store call
 // at teardown touches nothing freed.
 struct Membership::Pulse {
@@ -73,6 +88,7 @@ struct Membership::Pulse {
   std::condition_variable changed;
   bool stopping = false;
   std::promise<void> stopped;
+  std::shared_future<void> ended = stopped.get_future().share();
   std::vector<std::string> seen;         // each rank's pulse as last read
   std::vector<Clock::time_point> moved;  // when it was last seen to change
   std::vector<std::uint64_t> changes;    // how often it was seen to change
@@ -91,6 +107,18 @@ struct Membership::Pulse {
       if (peer != rank && (gone[peer] || last_read - moved[peer] > lost_after)) ranks.push_back(peer);
     }
     return ranks;
+  }
+  // Stops the thread and drops the owner's callback; waits for the thread up to kPulseStopWait (a
+  // thread still inside a store call past that ends on its own, holding only this).
+  void stop() {
+    {
+      const std::lock_guard<std::mutex> lock(mutex);
+      if (stopping) return;
+      stopping = true;
+      wake = nullptr;
+    }
+    changed.notify_all();
+    ended.wait_for(kPulseStopWait);
   }
   // Whether the pulses have gone unread for lost_after (under `mutex`).
   bool store_gone(Clock::time_point now) const { return now - last_read > lost_after; }
@@ -116,6 +144,9 @@ struct Membership::Pulse {
       const Clock::time_point now = Clock::now();
       store_error = error;
       if (error.empty()) {
+        // After a gap in the readings (a store that stalled, a thread not scheduled), every silence
+        // starts again: a peer is lost for lost_after of readings that saw it still, not of gap.
+        if (now - last_read > kReadGap) std::fill(moved.begin(), moved.end(), now);
         last_read = now;
         for (std::size_t peer = 0; peer < read.size(); ++peer) {
           if (read[peer] != seen[peer]) {
@@ -133,7 +164,11 @@ struct Membership::Pulse {
         woke = true;
         const std::function<void()> call = wake;
         lock.unlock();
-        call();
+        try {
+          call();
+        } catch (const std::exception&) {
+          // The owner's transfers are already ending; the agreement reports the loss.
+        }
         lock.lock();
       }
     }
@@ -165,23 +200,21 @@ Membership::Membership(std::unique_ptr<Rendezvous> pulse_keys, std::unique_ptr<R
   pulse.changes.assign(size, 0);
   pulse.gone.assign(size, false);
   pulse.last_read = Clock::now();
+  {
+    LivePulses& live = live_pulses();
+    const std::lock_guard<std::mutex> lock(live.mutex);
+    live.pulses.erase(std::remove_if(live.pulses.begin(), live.pulses.end(),
+                                     [](const std::weak_ptr<Pulse>& weak) { return weak.expired(); }),
+                      live.pulses.end());
+    live.pulses.push_back(pulse_);
+  }
   std::thread([shared = pulse_] {
     shared->run();
     shared->stopped.set_value();
   }).detach();
 }
 
-Membership::~Membership() {
-  std::future<void> stopped = pulse_->stopped.get_future();
-  {
-    const std::lock_guard<std::mutex> lock(pulse_->mutex);
-    pulse_->stopping = true;
-    pulse_->wake = nullptr;
-  }
-  pulse_->changed.notify_all();
-  // A thread still inside a store call past the wait ends on its own, holding only the Pulse.
-  stopped.wait_for(kPulseStopWait);
-}
+Membership::~Membership() { pulse_->stop(); }
 
 void Membership::on_loss(std::function<void()> wake) {
   const std::lock_guard<std::mutex> lock(pulse_->mutex);
@@ -199,7 +232,7 @@ void Membership::catch_up() {
     lost_ = decode(keys_->get(round_key(round_)));
   }
   if (contains(lost_, rank_)) {
-    raise_lost(detail::concat("the other ranks found this rank (", rank_, ") lost: its pulse stopped for more than ",
+    raise_lost(lost_, detail::concat("the other ranks found this rank (", rank_, ") lost: its pulse stopped for more than ",
                               lost_after_.count(), " ms (a process stopped, or too slow a store); it cannot rejoin"));
   }
 }
@@ -211,14 +244,27 @@ void Membership::propose(const std::vector<int>& lost) {
   catch_up();
 }
 
-void Membership::raise_lost(const std::string& why) const {
+void Membership::raise_lost(const std::vector<int>& lost, const std::string& why) const {
   throw RanksLostError(detail::concat("ringreduce: rank ", rank_, " of ", size_, ": the group lost ranks ",
-                                      rank_list(lost_), " (", why, "); the survivors can go on without them: "
-                                      "torch.distributed.shrink_group(", rank_list(lost_), ") or ringreduce.shrink"),
-                       lost_);
+                                      rank_list(lost), " (", why, "); the survivors can go on without them: "
+                                      "torch.distributed.shrink_group(", rank_list(lost), ") or ringreduce.shrink"),
+                       lost);
 }
 
 std::vector<int> Membership::agree_on_loss(Clock::time_point failed_at) {
+  try {
+    return agree(failed_at);
+  } catch (const RanksLostError&) {
+    throw;
+  } catch (const std::exception& store) {  // what else can fail here is a store call
+    throw std::runtime_error(detail::concat(
+        "ringreduce: rank ", rank_, " cannot tell which ranks are lost: the store the group agrees through is gone (",
+        store.what(), "). The store is the one part a group cannot lose: host it where no rank can take it down "
+        "(README, 'When a rank dies')"));
+  }
+}
+
+std::vector<int> Membership::agree(Clock::time_point failed_at) {
   const std::lock_guard<std::mutex> agreement(mutex_);
   // A dead peer's last pulse may be read after the failure; two changes read since mean a live one.
   std::vector<std::uint64_t> changes_then;
@@ -226,8 +272,10 @@ std::vector<int> Membership::agree_on_loss(Clock::time_point failed_at) {
     const std::lock_guard<std::mutex> lock(pulse_->mutex);
     changes_then = pulse_->changes;
   }
-  // Its last pulse is read within a period, and it is lost lost_after later, read within another.
-  const Clock::time_point deadline = failed_at + lost_after_ + 3 * kPulsePeriod;
+  // A dead peer's last pulse is read within a cycle, and it is lost lost_after of readings later. A
+  // cycle is a period plus the store's round trips, which a loaded store stretches: twice the
+  // loss bound leaves room for cycles of up to a second.
+  const Clock::time_point deadline = failed_at + 2 * lost_after_ + 4 * kPulsePeriod;
   for (;;) {
     catch_up();
     std::vector<int> suspects;
@@ -236,11 +284,8 @@ std::vector<int> Membership::agree_on_loss(Clock::time_point failed_at) {
       std::unique_lock<std::mutex> lock(pulse_->mutex);
       const Clock::time_point now = Clock::now();
       if (pulse_->store_gone(now)) {
-        throw std::runtime_error(detail::concat(
-            "ringreduce: rank ", rank_, " cannot tell which ranks are lost: the store that carries their pulses has "
-            "not answered for ", lost_after_.count(), " ms (", pulse_->store_error.empty() ? "no reply" : pulse_->store_error,
-            "). The store is the one part a group cannot lose: host it where no rank can take it down (see README, "
-            "'When a rank dies')"));
+        throw StoreUnreachable(detail::concat("no pulse read for ", lost_after_.count(), " ms",
+                                              pulse_->store_error.empty() ? "" : ": ", pulse_->store_error));
       }
       suspects = merged(lost_, pulse_->lost());
       for (int peer = 0; peer < size_; ++peer) {
@@ -272,8 +317,14 @@ std::vector<int> Membership::poll_loss() {
   return lost_;
 }
 
-int Membership::roll_call(const std::vector<int>& excluded) {
-  const std::lock_guard<std::mutex> agreement(mutex_);
+std::pair<int, int> Membership::roll_call(const std::vector<int>& excluded) {
+  for (int rank : excluded) {
+    if (rank < 0 || rank >= size_ || rank == rank_) {
+      throw std::invalid_argument(detail::concat("ringreduce: shrink cannot leave out rank ", rank, " of a group of ",
+                                                 size_, " seen from rank ", rank_));
+    }
+  }
+  std::unique_lock<std::mutex> agreement(mutex_);
   // The excluded ranks must be lost: wait until each is, or has pulsed twice since we began (alive;
   // one change may be a dead rank's last pulse, read late).
   std::vector<std::uint64_t> changes_then;
@@ -281,12 +332,17 @@ int Membership::roll_call(const std::vector<int>& excluded) {
     const std::lock_guard<std::mutex> lock(pulse_->mutex);
     changes_then = pulse_->changes;
   }
+  const Clock::time_point began = Clock::now();
   for (;;) {
     catch_up();
     std::vector<int> suspects;
     std::vector<int> alive;
     {
       const std::lock_guard<std::mutex> lock(pulse_->mutex);
+      if (pulse_->store_gone(Clock::now())) {
+        throw StoreUnreachable(detail::concat("ringreduce: shrink: no pulse read for ", lost_after_.count(),
+                                              " ms; the group's store is gone (", pulse_->store_error, ")"));
+      }
       suspects = merged(lost_, pulse_->lost());
       for (int rank : excluded) {
         if (!contains(suspects, rank) && pulse_->changes[rank] >= changes_then[rank] + 2) alive.push_back(rank);
@@ -298,23 +354,33 @@ int Membership::roll_call(const std::vector<int>& excluded) {
     }
     if (!alive.empty()) {
       throw std::invalid_argument(detail::concat(
-          "ringreduce: shrink leaves out rank(s) ", rank_list(alive), ", which are alive (their pulse moved twice while this "
-          "rank looked). A shrink leaves out ranks that are lost; a rank to be removed must "
-          "leave first (destroy its group or exit). Lost so far: ", rank_list(lost_)));
+          "ringreduce: shrink leaves out rank(s) ", rank_list(alive), ", which are alive (their pulse moved twice while "
+          "this rank looked). A shrink leaves out ranks that are lost; a rank to be removed must leave first (destroy "
+          "its group or exit). Lost so far: ", rank_list(lost_)));
     }
-    if (std::includes(lost_.begin(), lost_.end(), excluded.begin(), excluded.end())) break;
+    const std::vector<int> sorted = merged({}, excluded);
+    if (std::includes(lost_.begin(), lost_.end(), sorted.begin(), sorted.end())) break;
+    if (Clock::now() - began > timeout_) {
+      throw TimeoutError(detail::concat(timed_out_after(timeout_), "shrink: ranks ", rank_list(excluded),
+                                        " neither pulse nor count as lost"));
+    }
+    agreement.unlock();
     std::this_thread::sleep_for(kAgreementPoll);
+    agreement.lock();
   }
-  if (lost_ != excluded) {
-    raise_lost(detail::concat("shrink was asked to leave out ", rank_list(excluded), " only; call it again with all of "
-                              "the lost ranks"));
+  if (lost_ != merged({}, excluded)) {
+    raise_lost(lost_, detail::concat("shrink was asked to leave out ", rank_list(excluded), " only; call it again with "
+                                     "all of the lost ranks"));
   }
-  // Every survivor of this round meets here before any builds the shrunk group.
+  // Every survivor of this round meets here before any builds the shrunk group; a shrink tried
+  // again in the same round (a build that failed with nobody lost) meets under a new attempt.
   const int round = round_;
-  keys_->set(here_key(round, rank_), "1");
+  const int attempt = ++attempts_[round];
+  const std::vector<int> lost = lost_;
+  keys_->set(here_key(round, attempt, rank_), "1");
   const Clock::time_point deadline = Clock::now() + timeout_;
   for (int peer = 0; peer < size_; ++peer) {
-    while (!contains(lost_, peer) && !keys_->has(here_key(round, peer))) {
+    while (!contains(lost, peer) && !keys_->has(here_key(round, attempt, peer))) {
       catch_up();
       std::vector<int> suspects;
       {
@@ -322,16 +388,35 @@ int Membership::roll_call(const std::vector<int>& excluded) {
         suspects = merged(lost_, pulse_->lost());
       }
       if (suspects.size() > lost_.size()) propose(suspects);
-      if (round_ != round) raise_lost("another rank was lost while the survivors met to shrink");
+      if (round_ != round) raise_lost(lost_, "another rank was lost while the survivors met to shrink");
       if (Clock::now() > deadline) {
         throw TimeoutError(detail::concat(timed_out_after(timeout_), "shrink: rank ", peer, " is alive but has not "
                                           "called shrink; every survivor must, with the same lost ranks ",
-                                          rank_list(lost_)));
+                                          rank_list(lost)));
       }
+      agreement.unlock();  // lost_ranks() and a failure's agreement may look meanwhile
       std::this_thread::sleep_for(kAgreementPoll);
+      agreement.lock();
     }
   }
-  return round;
+  return {round, attempt};
+}
+
+std::vector<int> Membership::lost_now() {
+  const std::lock_guard<std::mutex> agreement(mutex_);
+  catch_up();
+  return lost_;
+}
+
+void stop_every_pulse() {
+  std::vector<std::shared_ptr<Membership::Pulse>> pulses;
+  {
+    const std::lock_guard<std::mutex> lock(live_pulses().mutex);
+    for (const auto& weak : live_pulses().pulses) {
+      if (auto pulse = weak.lock()) pulses.push_back(std::move(pulse));
+    }
+  }
+  for (const auto& pulse : pulses) pulse->stop();
 }
 
 }  // namespace ringreduce

@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -40,6 +41,10 @@ constexpr std::chrono::milliseconds kPulseStopWait{1000};
 // lost_after from RINGREDUCE_LOST_AFTER, or the default; raises std::invalid_argument when set to
 // anything but a positive number of seconds.
 std::chrono::milliseconds lost_after_from_env();
+
+// At exit: stops every membership's pulse thread (each within kPulseStopWait), so none runs on
+// while the process tears down; the groups they watch are being dropped.
+void stop_every_pulse();
 
 class Membership {
  public:
@@ -75,19 +80,23 @@ class Membership {
 
   // The lost ranks agreed so far (empty before any loss).
   std::vector<int> agreed_lost() const;
+  // The same, after adopting any round other survivors have fixed since (reads the store).
+  std::vector<int> lost_now();
 
   // Before a shrink that leaves out `excluded` (sorted): checks it against the agreed loss (raising
   // std::invalid_argument for a rank that is alive, and RanksLostError when more are lost), then
-  // waits for every survivor to get here. Returns the round the shrink belongs to, the same on
-  // every survivor, which names the shrunk group's keys.
-  int roll_call(const std::vector<int>& excluded);
+  // waits for every survivor to get here. Returns the round the shrink belongs to and the attempt
+  // in that round, the same on every survivor, which name the shrunk group's keys.
+  std::pair<int, int> roll_call(const std::vector<int>& excluded);
 
-  // Raises RanksLostError for the agreed set, saying `why`.
-  [[noreturn]] void raise_lost(const std::string& why) const;
+  // Raises RanksLostError for `lost`, saying `why`.
+  [[noreturn]] void raise_lost(const std::vector<int>& lost, const std::string& why) const;
 
- private:
   struct Pulse;  // what the pulse thread shares with the callers (membership.cpp)
 
+ private:
+  // agree_on_loss, whose store failures that call names as the store's.
+  std::vector<int> agree(std::chrono::steady_clock::time_point failed_at);
   // Adopts the newest round some survivor has fixed; raises if it holds this rank.
   void catch_up();
   // Fixes `lost` for the round after ours, unless another survivor fixed that round first; adopts it.
@@ -100,6 +109,7 @@ class Membership {
   std::unique_ptr<Rendezvous> keys_;
   mutable std::mutex mutex_;        // guards the agreement below (callers may be several threads)
   int round_ = 0;                   // the newest round adopted
+  std::map<int, int> attempts_;     // shrinks tried, by round
   std::vector<int> lost_;           // its set
   std::shared_ptr<Pulse> pulse_;    // shared with the thread, which may outlive us (kPulseStopWait)
 };

@@ -394,6 +394,8 @@ PYBIND11_MODULE(_C, m) {
       py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>(),
       "Waits until no communicator's worker runs or holds a job and no NCCL communicator is still ending (at most "
       "`timeout_s` in all); whether they all went idle.");
+  m.def("stop_pulses", &stop_every_pulse, py::call_guard<py::gil_scoped_release>(),
+        "At interpreter exit: stops every group's pulse thread (engine/membership.h).");
   m.def("drop_backend_delegates", &RingReduceBackend::drop_delegates_at_exit, py::call_guard<py::gil_scoped_release>(),
         "At interpreter exit: every ringreduce backend drops its gloo and NCCL delegates (joining their threads).");
   m.def("trace_microseconds", &trace_microseconds, py::arg("ns"),
@@ -428,7 +430,13 @@ PYBIND11_MODULE(_C, m) {
            py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>(),
            "Collective over the group. `pulse_store`: a second connection to `store` (store.clone()) for the pulse "
            "thread; `host`: the process's host identity. RINGREDUCE_LOST_AFTER sets the loss bound.")
-      .def_property_readonly("lost", &Membership::agreed_lost, "The lost ranks agreed so far.")
+      .def_property_readonly(
+          "lost",
+          [](Membership& membership) {
+            py::gil_scoped_release without_gil;  // it may wait for a shrink's roll call, and the store
+            return membership.lost_now();
+          },
+          "The lost ranks agreed so far (reads the store for rounds other survivors fixed).")
       .def_property_readonly("lost_after_s", [](const Membership& membership) {
         return membership.lost_after().count() / 1000.0;
       })
