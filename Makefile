@@ -10,27 +10,34 @@ export MAX_JOBS ?= 2
 
 .PHONY: install build test bench bench-peers gpu-check clean
 
-# Set-up: a virtual environment with torch (the default, CUDA-enabled wheel) and the extension,
-# built against that torch (no build isolation, which would pull in a second torch).
+# Set-up: a virtual environment with torch (the default, CUDA-enabled wheel) and the development tools.
 install: $(INSTALLED)
 
 $(INSTALLED): requirements.txt requirements-dev.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -r requirements-dev.txt
-	$(PIP) install -q --no-build-isolation --no-deps -e .
-	touch $(INSTALLED) $(BUILT)
+	touch $(INSTALLED)
 
-# Incremental rebuild after editing csrc/ (the install above already built what it found).
+# The wheel, built against the environment's torch (no build isolation, which would pull in a second torch)
+# and installed into it, so that tests and benchmarks run what a user installs; the engine is also placed in
+# the source folder, so that `python -m ringreduce.<tool>` works from here. Built again when a source
+# changed; the compiler's objects in build/ are reused, so a Python-only change costs a link.
+SOURCES := csrc ringreduce ringreduce_autoload.py setup.py pyproject.toml
 build: install
-	@if [ -n "$$(find csrc setup.py -newer $(BUILT) 2>/dev/null)" ]; then \
-		$(PY) setup.py -q build_ext --inplace && touch $(BUILT); fi
+	@if [ ! -e $(BUILT) ] || [ -n "$$(find $(SOURCES) -newer $(BUILT) -type f -not -path '*__pycache__*' \
+			-not -name '_built_for.py' -not -name '*.so' 2>/dev/null)" ]; then \
+		rm -f dist/ringreduce-*.whl && \
+		$(PIP) wheel -q --no-build-isolation --no-deps -w dist . && \
+		$(PIP) install -q --no-deps --force-reinstall dist/ringreduce-*.whl && \
+		PYTHONSAFEPATH=1 $(PY) setup.py -q build_ext --inplace && touch $(BUILT); fi
 
+# PYTHONSAFEPATH: the source folder is not put on sys.path, so `import ringreduce` finds the installed wheel.
 test: build
-	$(PY) -m pytest -q
+	PYTHONSAFEPATH=1 $(PY) -m pytest -q
 
 bench: build
-	$(PY) -m ringreduce.bench --json bench.json --plot bench.png
+	PYTHONSAFEPATH=1 $(PY) -m ringreduce.bench --json bench.json --plot bench.png
 
 # Optional peers for the benchmark: OpenMPI (Debian packages) and mpi4py, for the MPI_Allreduce rows.
 bench-peers: install
@@ -42,4 +49,4 @@ gpu-check:
 	bash benchmarks/gpu_check.sh
 
 clean:
-	rm -rf build ringreduce/*.so *.egg-info
+	rm -rf build dist ringreduce/*.so ringreduce/_built_for.py *.egg-info

@@ -135,9 +135,17 @@ def half_precision_headers(plan):
     return next((f for f in folders if os.path.exists(os.path.join(f, "cuda_fp16.h"))), None)
 
 
+def record_torch(torch):
+    """Writes ringreduce/_built_for.py: the torch this build is for, which `import ringreduce` and the
+    entry point compare with the running torch before the extension is loaded (ringreduce/_install.py)."""
+    with open(os.path.join(HERE, "ringreduce", "_built_for.py"), "w") as record:
+        record.write(f'# Written by setup.py when the extension is built.\nTORCH_VERSION = "{torch.__version__}"\n')
+
+
 def extension():
     import torch
 
+    record_torch(torch)
     plan = cuda_plan(torch)
     if plan is not None:
         # torch guesses CUDA_HOME from the nvcc on PATH (its grandparent folder), which is wrong
@@ -187,6 +195,13 @@ def extension():
     )
 
 
+def torch_release():
+    """The installed torch's release, without the local tag (+cu130, +cpu) that package indexes leave out."""
+    import torch
+
+    return torch.__version__.split("+")[0]
+
+
 def main():
     from setuptools import setup
 
@@ -197,7 +212,12 @@ def main():
         name="ringreduce",
         version=VERSION,
         description="Ring and central all-reduce for PyTorch, in C++ and CUDA",
-        packages=["ringreduce"],
+        packages=["ringreduce", "ringreduce.bench"],
+        # The torch.backends entry point: torch registers the backend's name at `import torch`.
+        py_modules=["ringreduce_autoload"],
+        entry_points={"torch.backends": ["ringreduce = ringreduce_autoload:register"]},
+        # The engine links against this torch's C++ interface, which changes between releases.
+        install_requires=[f"torch=={torch_release()}", "numpy>=1.26"],
         ext_modules=[ext],
         cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
         python_requires=">=3.10",

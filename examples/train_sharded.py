@@ -11,6 +11,8 @@ gradients, each rank steps the parameters it owns and broadcasts them to the oth
 """
 
 import argparse
+import os
+import sys
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
@@ -18,6 +20,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # train_ddp.py beside it, under PYTHONSAFEPATH too
 from train_ddp import add_common_arguments, launch, make_model, run_epochs
 
 

@@ -5,7 +5,14 @@
     ringreduce.all_reduce(tensor, algorithm="central")  # the parameter-server baseline
 """
 
-import torch  # noqa: F401  (loads libtorch before the extension)
+import os
+
+import torch  # loads libtorch before the extension
+
+from ringreduce import _install
+
+if (_why := _install.problem(os.path.dirname(__file__), torch.__version__)) is not None:
+    raise ImportError(f"ringreduce: {_why}")
 
 from ringreduce import backend, hooks, ps, tuning
 from ringreduce._C import CommTimeoutError, MismatchError

@@ -10,7 +10,7 @@ gloo backend on the same store (CUDA tensors: torch's NCCL backend). Every group
 default (see ringreduce.tuning).
 
 When ranks die, every survivor raises ringreduce.RanksLostError naming them, and
-``dist.shrink_group(lost)`` gives the survivors a group of their own (see README, "When a rank dies").
+``dist.shrink_group(lost)`` gives the survivors a group of their own (see docs/elastic.md).
 """
 
 import datetime

@@ -6,7 +6,7 @@
         group = ringreduce.shrink(group, lost.lost_ranks)
 
 ``shrink`` is ``torch.distributed.shrink_group`` on a group of the ringreduce backend, with its
-checks made first; see README, "When a rank dies".
+checks made first; see docs/elastic.md.
 """
 
 import torch

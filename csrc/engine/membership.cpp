@@ -221,11 +221,6 @@ void Membership::on_loss(std::function<void()> wake) {
   pulse_->wake = std::move(wake);
 }
 
-std::vector<int> Membership::agreed_lost() const {
-  const std::lock_guard<std::mutex> lock(mutex_);
-  return lost_;
-}
-
 void Membership::catch_up() {
   while (keys_->has(round_key(round_ + 1))) {
     ++round_;
@@ -260,7 +255,7 @@ std::vector<int> Membership::agree_on_loss(Clock::time_point failed_at) {
     throw std::runtime_error(detail::concat(
         "ringreduce: rank ", rank_, " cannot tell which ranks are lost: the store the group agrees through is gone (",
         store.what(), "). The store is the one part a group cannot lose: host it where no rank can take it down "
-        "(README, 'When a rank dies')"));
+        "(docs/elastic.md)"));
   }
 }
 

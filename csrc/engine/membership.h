@@ -78,9 +78,8 @@ class Membership {
   // the agreed set (what a shrink checks while the survivors build the shrunk group).
   std::vector<int> poll_loss();
 
-  // The lost ranks agreed so far (empty before any loss).
-  std::vector<int> agreed_lost() const;
-  // The same, after adopting any round other survivors have fixed since (reads the store).
+  // The lost ranks agreed so far (empty before any loss), after adopting any round other survivors have
+  // fixed since (reads the store).
   std::vector<int> lost_now();
 
   // Before a shrink that leaves out `excluded` (sorted): checks it against the agreed loss (raising
