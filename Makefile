@@ -21,13 +21,14 @@ $(INSTALLED): requirements.txt requirements-dev.txt pyproject.toml
 
 # The wheel, built against the environment's torch (no build isolation, which would pull in a second torch)
 # and installed into it, so that tests and benchmarks run what a user installs; the engine is also placed in
-# the source folder, so that `python -m ringreduce.<tool>` works from here. Built again when a source
-# changed; the compiler's objects in build/ are reused, so a Python-only change costs a link.
-SOURCES := csrc ringreduce ringreduce_autoload.py setup.py pyproject.toml
+# the source folder, so that `python -m ringreduce.<tool>` works from here. Built again when a source or the
+# set-up changed (a deleted module changes its folder; the staged copies in build/lib* go before each build);
+# the compiler's objects in build/temp* are reused, so a Python-only change costs a link.
+SOURCES := csrc ringreduce ringreduce_autoload.py setup.py pyproject.toml $(INSTALLED)
 build: install
-	@if [ ! -e $(BUILT) ] || [ -n "$$(find $(SOURCES) -newer $(BUILT) -type f -not -path '*__pycache__*' \
+	@if [ ! -e $(BUILT) ] || [ -n "$$(find $(SOURCES) -newer $(BUILT) -not -path '*__pycache__*' \
 			-not -name '_built_for.py' -not -name '*.so' 2>/dev/null)" ]; then \
-		rm -f dist/ringreduce-*.whl && \
+		rm -rf dist/ringreduce-*.whl build/lib.* build/bdist.* && \
 		$(PIP) wheel -q --no-build-isolation --no-deps -w dist . && \
 		$(PIP) install -q --no-deps --force-reinstall dist/ringreduce-*.whl && \
 		PYTHONSAFEPATH=1 $(PY) setup.py -q build_ext --inplace && touch $(BUILT); fi
@@ -49,4 +50,4 @@ gpu-check:
 	bash benchmarks/gpu_check.sh
 
 clean:
-	rm -rf build dist ringreduce/*.so ringreduce/_built_for.py *.egg-info
+	rm -rf build dist ringreduce/*.so ringreduce/_built_for.py *.egg-info $(BUILT)

@@ -1,11 +1,18 @@
-"""The `torch.backends` entry point: torch calls `register()` at `import torch` (unless
-TORCH_DEVICE_BACKEND_AUTOLOAD=0), so that init_process_group("ringreduce") works in scripts that never import
-ringreduce. It lives outside the package because importing `ringreduce` loads the compiled engine; here the
-engine is loaded the first time a group is created on the backend. It must never break or slow `import torch`:
-every failure becomes one warning."""
+"""How torch finds the "ringreduce" backend in scripts that never import ringreduce. Two entry points:
+
+- `torch.backends` (`register`): torch calls it at `import torch`, unless TORCH_DEVICE_BACKEND_AUTOLOAD=0. It
+  registers the name with a creator that loads the engine the first time a group is made on it, so the name
+  is in `dist.Backend.backend_list` from the start. It must never break or slow `import torch`: it imports
+  nothing of the package, and every failure becomes one warning.
+- `torch.distributed.backends` (`register_on_use`): torch calls it when a backend name it does not know is
+  first used (init_process_group, new_group), so the name works with autoload off too; a broken install
+  raises there, saying why.
+
+This module lives outside the package because importing `ringreduce` loads the compiled engine."""
 
 import importlib.util
 import os
+import sys
 import warnings
 
 NAME = "ringreduce"
@@ -15,9 +22,19 @@ def register() -> None:
     try:
         _register_lazily()
     except Exception as error:  # noqa: BLE001 -- torch turns an escaping error into a failed `import torch`
-        warnings.warn(f"ringreduce: the backend was not registered with torch.distributed: {error}. "
-                      f"init_process_group('{NAME}') needs `import ringreduce` first, which will say the same; "
-                      f"TORCH_DEVICE_BACKEND_AUTOLOAD=0 silences this.", RuntimeWarning, stacklevel=2)
+        _warn(f"ringreduce: the backend was not registered with torch.distributed: {error}. "
+              f"init_process_group('{NAME}') will raise the same; TORCH_DEVICE_BACKEND_AUTOLOAD=0 silences this.")
+
+
+def register_on_use() -> None:
+    _register_lazily()
+
+
+def _warn(message: str) -> None:
+    try:
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+    except Exception:  # noqa: BLE001 -- warnings turned into errors (-W error) must not fail `import torch`
+        sys.stderr.write(f"RuntimeWarning: {message}\n")
 
 
 def _register_lazily() -> None:
@@ -25,7 +42,7 @@ def _register_lazily() -> None:
     import torch.distributed as dist
 
     if not dist.is_available() or hasattr(dist.Backend, NAME.upper()):
-        return  # a torch without distributed, or `import ringreduce` came first
+        return  # a torch without distributed, or registered already (`import ringreduce`, or the other entry point)
     folder = _package_folder()
     checks = importlib.util.spec_from_file_location("ringreduce_install_checks", os.path.join(folder, "_install.py"))
     install = importlib.util.module_from_spec(checks)
@@ -45,6 +62,7 @@ def _package_folder() -> str:
 
 
 def _create_on_first_use(store, rank, size, timeout):
-    from ringreduce import backend  # loads the engine and registers the real creator under the same name
+    # Importing the package loads the engine; its own register() finds this creator in place and keeps it.
+    from ringreduce import backend
 
     return backend._create(store, rank, size, timeout)

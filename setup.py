@@ -213,9 +213,10 @@ def main():
         version=VERSION,
         description="Ring and central all-reduce for PyTorch, in C++ and CUDA",
         packages=["ringreduce", "ringreduce.bench"],
-        # The torch.backends entry point: torch registers the backend's name at `import torch`.
+        # The backend's name, found by torch without `import ringreduce` (ringreduce_autoload.py says how).
         py_modules=["ringreduce_autoload"],
-        entry_points={"torch.backends": ["ringreduce = ringreduce_autoload:register"]},
+        entry_points={"torch.backends": ["ringreduce = ringreduce_autoload:register"],
+                      "torch.distributed.backends": ["ringreduce = ringreduce_autoload:register_on_use"]},
         # The engine links against this torch's C++ interface, which changes between releases.
         install_requires=[f"torch=={torch_release()}", "numpy>=1.26"],
         ext_modules=[ext],

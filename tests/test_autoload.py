@@ -21,7 +21,10 @@ import ringreduce
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 WARNING = "ringreduce: the backend was not registered"
 # Starting Python and importing torch takes a few seconds here; torchrun and Lightning add their own start-up.
-SCRIPT_TIMEOUT_S = 240
+SCRIPT_TIMEOUT_S = 120
+# A test runs at most four scripts one after the other.
+TEST_TIMEOUT_S = 4 * SCRIPT_TIMEOUT_S + 30
+pytestmark = pytest.mark.timeout(TEST_TIMEOUT_S)
 
 # A script that never imports ringreduce: the sum of (rank + 1) * arange over 2 ranks, exact in float64.
 ALL_REDUCE = """
@@ -35,7 +38,7 @@ SIZE = 1001  # not a multiple of the ranks: a ragged last chunk
 def check(rank, world):
     assert "ringreduce" not in sys.modules, "the entry point imported the package at import torch"
     dist.init_process_group("ringreduce", **({} if world is None else
-                            dict(init_method=f"tcp://127.0.0.1:{os.environ['PORT']}", rank=rank, world_size=2)))
+                            dict(init_method=f"file://{os.environ['STORE']}", rank=rank, world_size=2)))
     rank, world = dist.get_rank(), dist.get_world_size()
     tensor = torch.arange(SIZE, dtype=torch.float64) * (rank + 1)
     dist.all_reduce(tensor)
@@ -64,14 +67,6 @@ def write(folder, name, text):
     return str(path)
 
 
-def free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_the_suite_runs_the_installed_package():
     """`make test` installs the wheel and keeps the source folder off sys.path; an editable install is the
     one case where the package is the sources."""
@@ -82,13 +77,16 @@ def test_the_suite_runs_the_installed_package():
 
 
 def test_import_torch_registers_the_name_without_loading_the_engine(tmp_path):
+    """Autoload on: the name is known right after `import torch`; off (torch's switch): it is not, and torch
+    finds it on first use through the torch.distributed.backends entry point. Neither loads the engine."""
     probe = ("import sys, torch, torch.distributed as dist; "
-             "print(hasattr(dist.Backend, 'RINGREDUCE'), 'ringreduce' in sys.modules, 'ringreduce._C' in sys.modules)")
+             "print(hasattr(dist.Backend, 'RINGREDUCE'), 'ringreduce' in sys.modules, 'ringreduce._C' in sys.modules, "
+             "dist.is_backend_available('ringreduce'), 'ringreduce._C' in sys.modules)")
     on = run([sys.executable, "-c", probe], tmp_path)
     off = run([sys.executable, "-c", probe], tmp_path, env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
     assert on.returncode == 0 and off.returncode == 0, on.stderr + off.stderr
-    assert on.stdout.split() == ["True", "False", "False"], on.stdout
-    assert off.stdout.split() == ["False", "False", "False"], off.stdout
+    assert on.stdout.split() == ["True", "False", "False", "True", "False"], on.stdout
+    assert off.stdout.split() == ["False", "False", "False", "True", "False"], off.stdout
     assert WARNING not in on.stderr + off.stderr
 
 
@@ -99,7 +97,7 @@ def test_a_script_that_never_imports_ringreduce(tmp_path, launcher):
         args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", script, launcher]
     else:
         args = [sys.executable, script, launcher]
-    done = run(args, tmp_path, env={"PORT": str(free_port())})
+    done = run(args, tmp_path, env={"STORE": str(tmp_path / "store")})
     assert done.returncode == 0, done.stdout + done.stderr
     lines = sorted(re.findall(r"rank \d: \w+ sum ok, engine loaded (?:True|False)", done.stdout))  # the ranks share a pipe
     assert lines == [f"rank {r}: ringreduce sum ok, engine loaded True" for r in range(2)], done.stdout + done.stderr
@@ -119,14 +117,32 @@ def installed_copy(folder):
     return {"PYTHONPATH": str(folder)}
 
 
+INIT_ONE_RANK = ("import sys, torch.distributed as dist; "
+                 "dist.init_process_group('ringreduce', init_method='file://' + sys.argv[1], rank=0, world_size=1)")
+
+
 def broken_then_imported(tmp_path, damage):
+    """What `import torch` (plain, and with warnings made errors), `import ringreduce` and a group on the
+    backend do with a copy of the install that `damage` broke."""
     site = tmp_path / "site"
     site.mkdir()
     env = installed_copy(site)
     damage(site / "ringreduce")
-    torch_only = run([sys.executable, "-c", "import torch; print(torch.ones(2).sum().item())"], tmp_path, env)
-    package = run([sys.executable, "-c", "import ringreduce"], tmp_path, env)
-    return torch_only, package
+    torch_only = [sys.executable, "-c", "import torch; print(torch.ones(2).sum().item())"]
+    return {"torch": run(torch_only, tmp_path, env),
+            "torch -W error": run(torch_only, tmp_path, dict(env, PYTHONWARNINGS="error")),
+            "package": run([sys.executable, "-c", "import ringreduce"], tmp_path, env),
+            "group": run([sys.executable, "-c", INIT_ONE_RANK, str(tmp_path / "store")], tmp_path,
+                         dict(env, TORCH_DEVICE_BACKEND_AUTOLOAD="0"))}
+
+
+def check_broken(done, reason):
+    for name in ("torch", "torch -W error"):
+        assert done[name].returncode == 0 and done[name].stdout.strip() == "2.0", (name, done[name].stderr)
+        assert done[name].stderr.count(WARNING) == 1 and reason in done[name].stderr, (name, done[name].stderr)
+    for name in ("package", "group"):
+        assert done[name].returncode != 0 and "Segmentation" not in done[name].stderr, (name, done[name].stderr)
+        assert "ImportError" in done[name].stderr and reason in done[name].stderr, (name, done[name].stderr)
 
 
 def test_a_broken_install_still_lets_torch_import(tmp_path):
@@ -134,23 +150,15 @@ def test_a_broken_install_still_lets_torch_import(tmp_path):
         for engine in package.glob("_C.*.so"):
             engine.unlink()
 
-    torch_only, package = broken_then_imported(tmp_path, remove_engine)
-    assert torch_only.returncode == 0 and torch_only.stdout.strip() == "2.0", torch_only.stderr
-    assert torch_only.stderr.count(WARNING) == 1, torch_only.stderr
-    assert "compiled engine" in torch_only.stderr and "is missing" in torch_only.stderr
-    assert package.returncode != 0 and "ImportError: ringreduce: the compiled engine" in package.stderr
+    check_broken(broken_then_imported(tmp_path, remove_engine), "the compiled engine for this Python")
 
 
 def test_a_torch_other_than_the_one_built_for_is_refused_at_import(tmp_path):
     def record_another_torch(package):
         (package / "_built_for.py").write_text('TORCH_VERSION = "2.0.0+cpu"\n')
 
-    torch_only, package = broken_then_imported(tmp_path, record_another_torch)
-    assert torch_only.returncode == 0 and torch_only.stdout.strip() == "2.0", torch_only.stderr
-    assert torch_only.stderr.count(WARNING) == 1, torch_only.stderr
-    expected = f"built for torch 2.0.0+cpu, but torch {torch.__version__} is installed"
-    assert expected in torch_only.stderr and expected in package.stderr, package.stderr
-    assert package.returncode != 0 and "Segmentation" not in package.stderr
+    check_broken(broken_then_imported(tmp_path, record_another_torch),
+                 f"built for torch 2.0.0+cpu, but torch {torch.__version__} is installed")
 
 
 LIGHTNING = """
