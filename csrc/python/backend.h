@@ -3,7 +3,8 @@
 // everything else (send/recv, gather, scatter, all-to-all) to a gloo backend on the same store.
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>

@@ -3,7 +3,8 @@
 // and the torch.distributed backend both go through here.
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <torch/csrc/distributed/c10d/Work.hpp>
 

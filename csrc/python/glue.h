@@ -2,7 +2,8 @@
 // and (CUDA builds) staging memory from torch's caching allocator.
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 

@@ -2,8 +2,6 @@
 // This is how ranks on several hosts talk: torch's own engine moves the bytes.
 #pragma once
 
-#include <torch/extension.h>
-
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <atomic>
