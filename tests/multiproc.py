@@ -1,4 +1,8 @@
-"""Run a function on N processes joined by a process group (gloo unless told), and collect what each returns."""
+"""Run a function on N processes joined by a process group (gloo unless told), and collect what each returns.
+
+The ranks are forked from a server process that has imported torch and ringreduce once (multiprocessing's
+forkserver), instead of each spawned rank importing them again: a few seconds of CPU saved per rank. Each
+rank still starts fresh: its own process, the caller's environment and working folder, a new group."""
 
 import os
 import tempfile
@@ -9,6 +13,30 @@ import torch.multiprocessing as mp
 
 # Spawning a rank and importing torch takes a few seconds on this machine; the rest is the test.
 DEFAULT_RANKS_TIMEOUT_S = 240
+# What the server imports before it forks any rank: what every rank of every test imports.
+PRELOADED = ["torch", "torch.distributed", "ringreduce", "pytest", "multiproc", "reference"]
+
+_context = mp.get_context("forkserver")
+_context.set_forkserver_preload(PRELOADED)
+
+
+def queue():
+    """A queue that the processes of start_process can put into."""
+    return _context.Queue()
+
+
+def _with_environment(environment, target, args):
+    # The server's environment is the one it started with: give the process the caller's, as spawn would.
+    os.environ.clear()
+    os.environ.update(environment)
+    target(*args)
+
+
+def start_process(target, *args):
+    """A started process that runs target(*args) with the caller's environment and working folder."""
+    proc = _context.Process(target=_with_environment, args=(dict(os.environ), target, args))
+    proc.start()
+    return proc
 
 
 def _entry(rank, world, store_path, fn, args, results, env, backend):
@@ -32,16 +60,11 @@ def run_ranks(world, fn, *args, timeout=DEFAULT_RANKS_TIMEOUT_S, env=None, dying
     Ranks in `dying` are expected to kill themselves: their entry in the result is their exit code.
     `env` is a dict for every rank, or a function of the rank that returns one.
     """
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
+    results = queue()
     with tempfile.TemporaryDirectory() as tmp:
         store_path = os.path.join(tmp, "store")
-        procs = [
-            ctx.Process(target=_entry, args=(rank, world, store_path, fn, args, results, env or {}, backend))
-            for rank in range(world)
-        ]
-        for proc in procs:
-            proc.start()
+        procs = [start_process(_entry, rank, world, store_path, fn, args, results, env or {}, backend)
+                 for rank in range(world)]
         outcomes = {}
         try:
             for _ in range(world - len(dying)):

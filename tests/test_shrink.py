@@ -16,6 +16,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ringreduce
+import multiproc
 from multiproc import run_ranks
 
 BIG = 16 << 20  # float32 elements: 64 MiB
@@ -259,16 +260,12 @@ def _store_keeper_dies(rank, port, results):
 
 
 def test_when_the_store_dies_with_its_rank_the_survivors_say_the_store_is_gone():
-    import multiprocessing
     import socket
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_store_keeper_dies, args=(r, port, results)) for r in range(3)]
-    for proc in procs:
-        proc.start()
+    results = multiproc.queue()
+    procs = [multiproc.start_process(_store_keeper_dies, r, port, results) for r in range(3)]
     try:
         errors = dict(results.get(timeout=120) for _ in range(2))
     finally:
