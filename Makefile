@@ -7,6 +7,11 @@ INSTALLED := $(VENV)/.ringreduce-installed
 BUILT := $(VENV)/.ringreduce-built
 # Parallel compile jobs for the extension (this machine has 2 cores).
 export MAX_JOBS ?= 2
+# The build sees the venv's tools first: its ninja, without which torch's build falls back to a slow
+# serial one wherever the system has no ninja of its own.
+IN_VENV := PATH="$(CURDIR)/$(VENV)/bin:$$PATH"
+# The oldest Python the set-up installs on (setup.py says why).
+OLDEST_PYTHON := 3.11
 
 .PHONY: install build test bench bench-peers gpu-check clean
 
@@ -14,6 +19,9 @@ export MAX_JOBS ?= 2
 install: $(INSTALLED)
 
 $(INSTALLED): requirements.txt requirements-dev.txt pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < tuple(map(int, "$(OLDEST_PYTHON)".split("."))))' || \
+		{ echo "ringreduce needs Python $(OLDEST_PYTHON) or newer, and $(PYTHON) is $$($(PYTHON) --version 2>&1);" \
+		"run make PYTHON=python3.11 (or newer)" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -r requirements-dev.txt
@@ -29,9 +37,9 @@ build: install
 	@if [ ! -e $(BUILT) ] || [ -n "$$(find $(SOURCES) -newer $(BUILT) -not -path '*__pycache__*' \
 			-not -name '_built_for.py' -not -name '*.so' 2>/dev/null)" ]; then \
 		rm -rf dist/ringreduce-*.whl build/lib.* build/bdist.* && \
-		$(PIP) wheel -q --no-build-isolation --no-deps -w dist . && \
+		$(IN_VENV) $(PIP) wheel -q --no-build-isolation --no-deps -w dist . && \
 		$(PIP) install -q --no-deps --force-reinstall dist/ringreduce-*.whl && \
-		PYTHONSAFEPATH=1 $(PY) setup.py -q build_ext --inplace && touch $(BUILT); fi
+		PYTHONSAFEPATH=1 $(IN_VENV) $(PY) setup.py -q build_ext --inplace && touch $(BUILT); fi
 
 # PYTHONSAFEPATH: the source folder is not put on sys.path, so `import ringreduce` finds the installed wheel.
 test: build

@@ -11,18 +11,33 @@ Environment:
 
 import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
 
 VERSION = "0.1.0"
 HERE = os.path.dirname(os.path.abspath(__file__))
-# Compiled for when no GPU is visible to ask: A100-class (8.0) and H100/H200 (9.0).
-DEFAULT_CUDA_ARCHS = "8.0;9.0"
+# Compiled for when no GPU is visible to ask: A100-class (8.0) and H100/H200 (9.0) machine code, and 9.0's
+# PTX, which the driver compiles for GPUs newer than both (without it a wheel built here fails on them).
+DEFAULT_CUDA_ARCHS = "8.0;9.0+PTX"
+# The oldest Python the package and its development tools install on (hypothesis, matplotlib and numpy 2.4
+# of requirements-dev.txt have no release for 3.10).
+OLDEST_PYTHON = (3, 11)
 
 
 def say(message):
     print(f"ringreduce setup: {message}", file=sys.stderr)
+
+
+def cuda_release(nvcc):
+    """The CUDA release `nvcc --version` names ("12.4"), or None when it says none."""
+    try:
+        said = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.search(r"release (\d+\.\d+)", said)
+    return found.group(1) if found else None
 
 
 def toolkit_of(nvcc):
@@ -103,6 +118,11 @@ def cuda_plan(torch):
         reason = f"torch {torch.__version__} was built without CUDA"
     elif nvcc is None:
         reason = f"nvcc was not found (looked on {', '.join(places)}); set CUDA_HOME to the CUDA toolkit folder"
+    elif (release := cuda_release(nvcc)) and release.split(".")[0] != torch.version.cuda.split(".")[0]:
+        reason = (f"nvcc {nvcc} is CUDA {release}, but torch {torch.__version__} was built with CUDA "
+                  f"{torch.version.cuda}, and the two majors must match; for the GPU path, install a torch wheel "
+                  f"built for CUDA {release.split('.')[0]}, or a CUDA {torch.version.cuda.split('.')[0]} toolkit "
+                  f"and set CUDA_HOME to it, then build again")
     else:
         home = os.environ.get("CUDA_HOME") or toolkit_of(nvcc)
         nccl = find_nccl()
@@ -142,8 +162,20 @@ def record_torch(torch):
         record.write(f'# Written by setup.py when the extension is built.\nTORCH_VERSION = "{torch.__version__}"\n')
 
 
+def installed_torch():
+    """The environment's torch; without one, what to run instead (an isolated build, pip's default, would
+    build against another torch than the user's and then replace theirs with it)."""
+    try:
+        import torch
+    except ImportError:
+        raise SystemExit("ringreduce setup: no torch in this build's environment. ringreduce builds against the torch "
+                         "you run it with: install torch first, then `pip install --no-build-isolation .` (or "
+                         "`make build`); a build with isolation (pip's default) cannot see your torch.") from None
+    return torch
+
+
 def extension():
-    import torch
+    torch = installed_torch()
 
     record_torch(torch)
     plan = cuda_plan(torch)
@@ -205,6 +237,9 @@ def torch_release():
 
 
 def main():
+    if sys.version_info < OLDEST_PYTHON:
+        raise SystemExit(f"ringreduce setup: needs Python {'.'.join(map(str, OLDEST_PYTHON))} or newer; this is "
+                         f"{sys.version.split()[0]}")
     from setuptools import setup
 
     ext = extension()  # first: it sets CUDA_HOME before torch.utils.cpp_extension reads it
@@ -223,8 +258,9 @@ def main():
         install_requires=[f"torch=={torch_release()}", "numpy>=1.26"],
         ext_modules=[ext],
         cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
-        python_requires=">=3.10",
+        python_requires=f">={'.'.join(map(str, OLDEST_PYTHON))}",
     )
 
 
-main()
+if __name__ == "__main__":
+    main()
