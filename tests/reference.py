@@ -1,5 +1,7 @@
 """Inputs with closed-form results, and float64 references, for every dtype and op."""
 
+import functools
+
 import torch
 import torch.distributed as dist
 
@@ -14,6 +16,27 @@ def ops_for(dtype):
     return ALL_OPS if dtype in FLOAT_DTYPES else (R.SUM, R.MIN, R.MAX, R.PRODUCT)
 
 
+# The float patterns below repeat with a period that divides this (2, 3 and 5 all divide it).
+PATTERN_PERIOD = 30
+
+
+@functools.lru_cache(maxsize=4)
+def _phases(numel):
+    """Each element's index modulo PATTERN_PERIOD, computed once per size (a matrix asks for the same sizes
+    many times; the modulo of a long index was most of the inputs' cost)."""
+    return torch.arange(numel, dtype=torch.int64) % PATTERN_PERIOD
+
+
+def _float_pattern(world, rank, op):
+    """The float inputs of one rank over one period (in float64), as a function of the index j."""
+    j = torch.arange(PATTERN_PERIOD, dtype=torch.int64)
+    if op == R.PRODUCT:
+        return torch.where((j + rank) % 5 == 0, 2.0, torch.where((j + rank) % 3 == 0, -1.0, 1.0))
+    if op == R.AVG:
+        return (j % 5).double() + (rank - (world - 1) / 2)
+    return (j % 3 + (j + rank) % 2).double()
+
+
 def exact_inputs(world, numel, dtype, op, seed=0):
     """Per-rank inputs whose reduction is exact in `dtype`, so any summation order gives the same bits.
 
@@ -22,7 +45,6 @@ def exact_inputs(world, numel, dtype, op, seed=0):
     SUM and PRODUCT wrap.
     """
     gen = torch.Generator().manual_seed(seed * 7919 + world * 131 + numel)
-    idx = torch.arange(numel, dtype=torch.int64)
     inputs = []
     for rank in range(world):
         if dtype in INT_DTYPES:
@@ -32,14 +54,11 @@ def exact_inputs(world, numel, dtype, op, seed=0):
             else:
                 low, high = max(info.min, -(2**62)), min(info.max, 2**62)  # randint's bounds fit int64
                 values = torch.randint(low, high + 1, (numel,), generator=gen, dtype=torch.int64)
-        elif op == R.PRODUCT:
-            values = torch.where((idx + rank) % 5 == 0, 2.0, torch.where((idx + rank) % 3 == 0, -1.0, 1.0))
-        elif op == R.AVG:
-            values = (idx % 5).double() + (rank - (world - 1) / 2)
         elif op in (R.MIN, R.MAX):
             values = torch.randn(numel, generator=gen, dtype=torch.float64) * 100
         else:
-            values = (idx % 3 + (idx + rank) % 2).double()
+            inputs.append(_float_pattern(world, rank, op).to(dtype)[_phases(numel)])
+            continue
         inputs.append(values.to(dtype))
     return inputs
 
