@@ -12,12 +12,21 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.timeout(DEFAULT_TEST_TIMEOUT_S))
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _no_shared_memory_left_behind():
-    """After the whole suite, killed ranks included, no ringreduce segment may remain in /dev/shm."""
-    yield
-    leftovers = [name for name in os.listdir("/dev/shm") if name.startswith("ringreduce-")]
-    assert not leftovers, f"shared-memory segments left behind: {leftovers}"
+def _shared_memory_left_behind():
+    return sorted(name for name in os.listdir("/dev/shm") if name.startswith("ringreduce-"))
+
+
+def pytest_sessionfinish(session):
+    """After the whole suite, killed ranks included, no ringreduce segment may remain in /dev/shm. With
+    pytest-xdist, only the controller asks, once every worker is done (a worker's peers may still run)."""
+    if hasattr(session.config, "workerinput"):
+        return
+    leftovers = _shared_memory_left_behind()
+    if leftovers:
+        writer = session.config.get_terminal_writer()
+        writer.line()
+        writer.line(f"FAILED: shared-memory segments left behind: {leftovers}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(autouse=True)

@@ -2,7 +2,7 @@
 
 The ranks are forked from a server process that has imported torch and ringreduce once (multiprocessing's
 forkserver), instead of each spawned rank importing them again: a few seconds of CPU saved per rank. Each
-rank still starts fresh: its own process, the caller's environment and working folder, a new group."""
+rank still starts fresh: its own process, the caller's environment, folder and output, a new group."""
 
 import os
 import tempfile
@@ -25,16 +25,30 @@ def queue():
     return _context.Queue()
 
 
-def _with_environment(environment, target, args):
+def _write_where_the_caller_writes(caller):
+    """The server's stdout and stderr are the ones it started with (another test's capture, say): point them
+    at the caller's, as spawn would have inherited them. Appending, since the caller's capture may rewind."""
+    for fd in (1, 2):
+        try:
+            theirs = os.open(f"/proc/{caller}/fd/{fd}", os.O_WRONLY | os.O_APPEND)
+        except OSError:
+            continue  # a socket, or closed: keep the server's
+        os.dup2(theirs, fd)
+        os.close(theirs)
+
+
+def _as_the_caller(caller, environment, target, args):
     # The server's environment is the one it started with: give the process the caller's, as spawn would.
     os.environ.clear()
     os.environ.update(environment)
+    _write_where_the_caller_writes(caller)
     target(*args)
 
 
 def start_process(target, *args):
-    """A started process that runs target(*args) with the caller's environment and working folder."""
-    proc = _context.Process(target=_with_environment, args=(dict(os.environ), target, args))
+    """A started process that runs target(*args) with the caller's environment, working folder, stdout
+    and stderr."""
+    proc = _context.Process(target=_as_the_caller, args=(os.getpid(), dict(os.environ), target, args))
     proc.start()
     return proc
 
