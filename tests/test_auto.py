@@ -358,7 +358,7 @@ def as_ms(times):
 
 
 def test_a_measured_choice_gives_way_only_when_it_loses_twice_in_a_row():
-    learner = _C.AutoLearnerProbe("shm", 2, True)
+    learner = _C._testing.AutoLearnerProbe("shm", 2, True)
     nbytes, rounds = 4096, 3 * 5  # three candidates, five timed calls each
     quiet = as_ms({"ring": 4500, "central": 4300, "one_shot": 2700})
     burst = as_ms({"ring": 20800, "central": 20900, "one_shot": 25600})  # one round of a noisy spell, as logged here
@@ -383,12 +383,12 @@ def test_the_prior_too_gives_way_only_when_it_loses_twice_in_a_row():
     cold = {"ring": 27_700_000, "central": 26_300_000, "one_shot": 37_400_000}
     # ... where the bench's rows then took these.
     warm = {"ring": 9_600_000, "central": 24_500_000, "one_shot": 48_500_000}
-    learner = _C.AutoLearnerProbe("shm", 2, True)
+    learner = _C._testing.AutoLearnerProbe("shm", 2, True)
     assert all(exploring for _, exploring in _calls(learner, nbytes, 3 + a_round, cold))
     assert all(exploring for _, exploring in _calls(learner, nbytes, a_round, warm)), "no second round"
     assert _calls(learner, nbytes, 1, warm) == [("ring", False)], "one cold round moved the choice"
     # A choice that loses both rounds gives way.
-    learner = _C.AutoLearnerProbe("shm", 2, True)
+    learner = _C._testing.AutoLearnerProbe("shm", 2, True)
     assert all(exploring for _, exploring in _calls(learner, nbytes, 3 + 2 * a_round, cold))
     assert _calls(learner, nbytes, 1, cold) == [("central", False)]
 
@@ -399,7 +399,7 @@ def test_two_near_equal_challengers_do_not_keep_a_choice_that_loses_to_both():
     nbytes, a_round = 64 << 10, 3 * 5  # prior one_shot
     central_ahead = as_ms({"ring": 34_000, "central": 32_000, "one_shot": 47_000})
     ring_ahead = as_ms({"ring": 31_000, "central": 33_000, "one_shot": 47_000})
-    learner = _C.AutoLearnerProbe("shm", 4, True)
+    learner = _C._testing.AutoLearnerProbe("shm", 4, True)
     assert all(exploring for _, exploring in _calls(learner, nbytes, 3 + a_round, central_ahead))
     assert all(exploring for _, exploring in _calls(learner, nbytes, a_round, ring_ahead))
     assert _calls(learner, nbytes, 1, ring_ahead) == [("ring", False)]
@@ -412,7 +412,7 @@ def test_two_near_equal_challengers_do_not_keep_a_choice_that_loses_to_both():
     (2, 4096, {"ring": 4_500, "central": 4_300, "one_shot": 2_700}, 1000),
 ])
 def test_a_round_too_short_to_judge_sizes_the_next_and_the_revisits(world, nbytes, times, next_calls):
-    learner = _C.AutoLearnerProbe("shm", world, True)
+    learner = _C._testing.AutoLearnerProbe("shm", world, True)
     candidates = ["ring", "central", "one_shot"]
     first = _calls(learner, nbytes, 3 + 3 * 5, times)
     assert first == [(a, True) for a in candidates] + [(a, True) for a in candidates for _ in range(5)], first
@@ -426,7 +426,7 @@ def test_a_round_too_short_to_judge_sizes_the_next_and_the_revisits(world, nbyte
 
 
 def test_one_shot_is_tried_below_1_mib_only():
-    learner = _C.AutoLearnerProbe("shm", 2, True)
+    learner = _C._testing.AutoLearnerProbe("shm", 2, True)
     one_shot_fastest = as_ms({"ring": 9_000, "central": 9_500, "one_shot": 1_000})
     below = _calls(learner, (1 << 20) - 1, 3 + 3 * 5, one_shot_fastest)
     assert {algorithm for algorithm, _ in below} == {"ring", "central", "one_shot"}
@@ -434,14 +434,14 @@ def test_one_shot_is_tried_below_1_mib_only():
     assert [algorithm for algorithm, _ in above] == ["ring", "central"] + ["ring"] * 5 + ["central"] * 5 + ["ring"]
     assert not above[-1][1]
     # A device's learner never had one_shot.
-    device = _C.AutoLearnerProbe("nccl", 2, False)
+    device = _C._testing.AutoLearnerProbe("nccl", 2, False)
     assert {algorithm for algorithm, _ in _calls(device, 4096, 2 + 2 * 5, one_shot_fastest)} == {"ring", "central"}
 
 
 def test_the_slowest_ranks_mean_decides_not_the_median_call():
     """Beside a busy process one_shot's calls were mostly slow but some very fast: a higher median
     than ring's, a lower mean. The mean is what a loop of calls takes, and it decides."""
-    learner = _C.AutoLearnerProbe("shm", 2, True)
+    learner = _C._testing.AutoLearnerProbe("shm", 2, True)
     nbytes = 4096  # prior one_shot; three candidates, five timed calls each
     times = {"ring": [20_000] * 5, "central": [21_000] * 5, "one_shot": [2_700, 2_700, 22_000, 22_000, 22_000]}
     made = []

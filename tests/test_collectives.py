@@ -41,7 +41,7 @@ def on_every_rank(world, call):
 
 def simulate(numel, elem_size, world, segment_bytes, lanes, phases, holds):
     """Run every rank's schedule of `phases` as message passing over holds[rank][element, source]."""
-    schedules = [_C.ring_schedule(numel, elem_size, world, r, segment_bytes, lanes, phases) for r in range(world)]
+    schedules = [_C._testing.ring_schedule(numel, elem_size, world, r, segment_bytes, lanes, phases) for r in range(world)]
     assert len({len(s) for s in schedules}) == 1
     for k in range(len(schedules[0])):
         outgoing = [holds[r][s[k][0]: s[k][0] + s[k][1]].copy() for r, s in enumerate(schedules)]

@@ -49,7 +49,7 @@ def test_reduce_kernel_matches_torch_for_every_op_length_and_alignment(dtype):
                     dst, src = a[offset : offset + n], b[offset : offset + n]
                     expected = kernel_reference(dst, src, op, 3, last)
                     copy = torch.empty_like(dst)
-                    _C.cuda_reduce(dst, src, OP_CODES[op], 3, last, copy)
+                    _C._testing.cuda_reduce(dst, src, OP_CODES[op], 3, last, copy)
                     context = f"{dtype} {op} n={n} offset={offset} last={last}"
                     assert torch.equal(dst.isnan(), expected.isnan()), context
                     finite = ~expected.isnan()
@@ -212,8 +212,8 @@ def test_a_virtual_gpu_rank_that_never_sends_raises_within_the_timeout():
 
 def test_the_device_header_check_flags_a_neighbour_that_differs():
     device = torch.cuda.current_device()
-    assert _C.device_header_check(1000, 1000, device)[0] == 0
-    assert _C.device_header_check(1000, 999, device) == (1, 1000, 999)
+    assert _C._testing.device_header_check(1000, 1000, device)[0] == 0
+    assert _C._testing.device_header_check(1000, 999, device) == (1, 1000, 999)
 
 
 def test_nccl_sends_and_receives_on_one_gpu():
@@ -221,7 +221,7 @@ def test_nccl_sends_and_receives_on_one_gpu():
         store = dist.FileStore(os.path.join(tmp, "store"), 1)
         src = torch.arange(1 << 20, device="cuda", dtype=torch.float32)
         dst = torch.zeros_like(src)
-        _C.nccl_self_exchange(store, src, dst, 60.0)
+        _C._testing.nccl_self_exchange(store, src, dst, 60.0)
         assert torch.equal(dst, src)
 
 
@@ -239,7 +239,7 @@ def test_float16_avg_does_not_overflow_where_the_average_fits():
 def test_the_watchdog_frees_a_stream_stalled_on_the_gpu():
     # A kernel waits for a flag nobody sets, as a receive waits for a sender that never comes.
     timeout_s = 1.0
-    message, seconds = _C.cuda_watchdog_stall(torch.cuda.current_device(), timeout_s)
+    message, seconds = _C._testing.cuda_watchdog_stall(torch.cuda.current_device(), timeout_s)
     assert "Timed out after 1000 ms" in message and "collective #0 on a stalled stream did not finish" in message
     assert timeout_s <= seconds < timeout_s + 2
     t = torch.ones(4, device="cuda")  # the GPU is free again

@@ -58,7 +58,7 @@ def run_groups(groups_per_rank):
 
 
 def groups_of(numel, world, segment_bytes, lanes, algorithm):
-    return [_C.exchange_groups(numel, world, rank, segment_bytes, lanes, algorithm) for rank in range(world)]
+    return [_C._testing.exchange_groups(numel, world, rank, segment_bytes, lanes, algorithm) for rank in range(world)]
 
 
 @pytest.mark.parametrize("world", [2, 3, 4, 5, 8])
@@ -85,7 +85,7 @@ def test_central_groups_match_and_finish(world, numel, segment_bytes):
     if numel > 0:
         # The root hands each segment's results to every peer in one group, not one group per peer.
         result_groups = [g for g in groups[0] if all(is_send for is_send, _, _ in g)]
-        segments = len(_C.central_schedule(numel, 4, segment_bytes))
+        segments = len(_C._testing.central_schedule(numel, 4, segment_bytes))
         assert len(result_groups) == segments
         assert all(sorted(peer for _, peer, _ in g) == list(range(1, world)) for g in result_groups)
 

@@ -10,7 +10,7 @@ from reference import ALL_DTYPES, R, kernel_reference, ops_for
 
 pytestmark = [
     pytest.mark.host_kernels,
-    pytest.mark.skipif(not hasattr(_C, "host_reduce"), reason="built without the CUDA part"),
+    pytest.mark.skipif(not hasattr(_C._testing, "host_reduce"), reason="built without the CUDA part"),
 ]
 OP_CODES = {R.SUM: 0, R.AVG: 1, R.MIN: 2, R.MAX: 3, R.PRODUCT: 4}
 PACK_BYTES = 16
@@ -80,7 +80,7 @@ def test_kernel_body_matches_torch_for_every_op_length_alignment_and_grid(dtype)
                         for blocks, threads in GRIDS:
                             dst, src = operand(a, dst_at), operand(b, src_at)
                             copy = operand(torch.zeros_like(a), copy_at) if with_copy else None
-                            _C.host_reduce(dst, src, OP_CODES[op], WORLD, last, copy, blocks, threads)
+                            _C._testing.host_reduce(dst, src, OP_CODES[op], WORLD, last, copy, blocks, threads)
                             context = (f"{dtype} {op} n={n} offsets={dst_at, src_at, copy_at} last={last} "
                                        f"copy={with_copy} grid={blocks}x{threads}")
                             assert_same_values(dst, want, context)
@@ -93,7 +93,7 @@ def test_kernel_body_leaves_memory_outside_the_span_alone():
     base = torch.arange(64, dtype=torch.float32)
     dst = base.clone()
     src = torch.ones(64)
-    _C.host_reduce(dst[3:40], src[3:40], OP_CODES[R.SUM], WORLD, False, None, 2, 5)
+    _C._testing.host_reduce(dst[3:40], src[3:40], OP_CODES[R.SUM], WORLD, False, None, 2, 5)
     assert torch.equal(dst[:3], base[:3]) and torch.equal(dst[40:], base[40:])
     assert torch.equal(dst[3:40], base[3:40] + 1)
 
@@ -101,10 +101,10 @@ def test_kernel_body_leaves_memory_outside_the_span_alone():
 def test_kernel_body_refuses_avg_on_integers_and_an_empty_grid():
     t = torch.ones(8, dtype=torch.int32)
     with pytest.raises((TypeError, ValueError), match="AVG"):
-        _C.host_reduce(t, t.clone(), OP_CODES[R.AVG], WORLD, True, None, 1, 1)
+        _C._testing.host_reduce(t, t.clone(), OP_CODES[R.AVG], WORLD, True, None, 1, 1)
     f = torch.ones(8)
     with pytest.raises(ValueError, match="grid"):
-        _C.host_reduce(f, f.clone(), OP_CODES[R.SUM], WORLD, False, None, 0, 32)
+        _C._testing.host_reduce(f, f.clone(), OP_CODES[R.SUM], WORLD, False, None, 0, 32)
 
 
 @pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16), ids=str)
@@ -118,7 +118,7 @@ def test_avg_premultiply_body_matches_torch_for_every_length_alignment_and_grid(
             for offset in (0, 1, 7):
                 for blocks, threads in GRIDS:
                     data = operand(values, offset)
-                    _C.host_scale(data, factor, blocks, threads)
+                    _C._testing.host_scale(data, factor, blocks, threads)
                     assert_same_values(data, want, f"{dtype} world={world} n={n} offset={offset} grid={blocks}x{threads}")
 
 
@@ -131,16 +131,16 @@ def test_avg_premultiply_keeps_float16_partial_sums_in_range():
     def pairwise_sum(contributions):
         total = contributions[0].clone()
         for c in contributions[1:]:
-            _C.host_reduce(total, c, OP_CODES[R.SUM], world, False, None, 2, 8)
+            _C._testing.host_reduce(total, c, OP_CODES[R.SUM], world, False, None, 2, 8)
         return total
 
     plain = [torch.full((33,), 16384.0, dtype=torch.float16) for _ in range(world)]
     assert torch.isinf(pairwise_sum(plain)).all()
     for c in plain:
-        _C.host_scale(c, 1.0 / world, 2, 8)
+        _C._testing.host_scale(c, 1.0 / world, 2, 8)
     assert torch.equal(pairwise_sum(plain), torch.full((33,), 16384.0, dtype=torch.float16))
 
 
 def test_the_premultiply_is_refused_for_other_dtypes():
     with pytest.raises(ValueError, match="float16 and bfloat16"):
-        _C.host_scale(torch.ones(4), 0.5, 1, 1)
+        _C._testing.host_scale(torch.ones(4), 0.5, 1, 1)

@@ -23,7 +23,7 @@ def central_root_script(world, exchanges):
 
 @pytest.mark.parametrize("world", [2, 8, 32, 64, 200])
 def test_the_window_bounds_queued_operations_whatever_the_world_size(world):
-    most, pauses = _C.issue_window_run(WINDOW_OPS, central_root_script(world, 64), 3)
+    most, pauses = _C._testing.issue_window_run(WINDOW_OPS, central_root_script(world, 64), 3)
     assert most <= WINDOW_OPS
     # Once the script outgrows the window, the host had to wait for the slow device.
     assert (pauses > 0) == (64 * (OPS_PER_EXCHANGE + world - 1) > WINDOW_OPS)
@@ -33,6 +33,6 @@ def test_a_device_that_never_finishes_keeps_the_host_waiting_in_the_window():
     """The fake device passes no marker: the host waits, polling, with the window full and no more,
     until it gives up (where the watchdog raises)."""
     with pytest.raises(RuntimeError, match="stalled with") as info:
-        _C.issue_window_run(WINDOW_OPS, central_root_script(32, 64), 0)
+        _C._testing.issue_window_run(WINDOW_OPS, central_root_script(32, 64), 0)
     in_flight = int(str(info.value).split()[2])
     assert WINDOW_OPS - OPS_PER_EXCHANGE < in_flight <= WINDOW_OPS, in_flight

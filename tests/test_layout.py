@@ -22,6 +22,7 @@ ALLOWED_INCLUDES = {
     "cuda": {"core", "transports"},
     "ps": {"core"},
     "python": {"core", "algorithms", "hierarchy", "engine", "transports", "cpu", "cuda", "ps"},
+    "testing": {"core", "algorithms", "hierarchy", "engine", "transports", "cpu", "cuda", "ps", "python"},
 }
 SOURCE_SUFFIXES = {".h", ".cpp", ".cu", ".cuh"}
 QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)

@@ -14,7 +14,7 @@ def simulate_ring(numel, elem_size, world, segment_bytes, lanes=1):
     holds = [np.zeros((numel, world), dtype=np.int64) for _ in range(world)]
     for rank in range(world):
         holds[rank][:, rank] = 1
-    schedules = [_C.ring_schedule(numel, elem_size, world, rank, segment_bytes, lanes) for rank in range(world)]
+    schedules = [_C._testing.ring_schedule(numel, elem_size, world, rank, segment_bytes, lanes) for rank in range(world)]
     lengths = {len(s) for s in schedules}
     assert len(lengths) == 1, "every rank must make the same number of transfers"
     for k in range(lengths.pop()):
@@ -63,7 +63,7 @@ def test_every_send_after_a_segments_first_step_forwards_its_lanes_receive_befor
     steps = 2 * (world - 1)
     for rank in range(world):
         in_flight = {}  # lane -> (span received at the lane's last position, steps the segment made)
-        for send_off, send_cnt, recv_off, recv_cnt, _, _, send_own, forward, lane in _C.ring_schedule(
+        for send_off, send_cnt, recv_off, recv_cnt, _, _, send_own, forward, lane in _C._testing.ring_schedule(
             numel, 4, world, rank, segment_bytes, lanes
         ):
             assert 0 <= lane < lanes
@@ -84,10 +84,10 @@ def test_every_send_after_a_segments_first_step_forwards_its_lanes_receive_befor
 def test_one_lane_is_segment_major_and_two_lanes_alternate(world):
     steps = 2 * (world - 1)
     numel = 4 * world * 16  # four segments of 16 float32 per chunk
-    one = _C.ring_schedule(numel, 4, world, 0, 64, 1)
+    one = _C._testing.ring_schedule(numel, 4, world, 0, 64, 1)
     assert [t[6] for t in one] == [k % steps == 0 for k in range(len(one))]
     assert {t[8] for t in one} == {0}
-    two = _C.ring_schedule(numel, 4, world, 0, 64, 2)
+    two = _C._testing.ring_schedule(numel, 4, world, 0, 64, 2)
     assert len(two) == 4 * steps
     # Consecutive positions are in different lanes: one lane's transfer never waits for the other's reduction.
     assert [t[8] for t in two] == [k % 2 for k in range(len(two))]
@@ -96,12 +96,12 @@ def test_one_lane_is_segment_major_and_two_lanes_alternate(world):
 def test_ring_moves_2_n_minus_1_over_n_of_the_buffer():
     numel, world = 1 << 16, 4
     for rank in range(world):
-        sent = sum(t[1] for t in _C.ring_schedule(numel, 4, world, rank, 4096))
+        sent = sum(t[1] for t in _C._testing.ring_schedule(numel, 4, world, rank, 4096))
         assert sent == 2 * (world - 1) * numel // world
 
 
 def test_segments_respect_the_size_and_start_aligned():
-    schedule = _C.ring_schedule(100_000, 4, 3, 1, 1000)
+    schedule = _C._testing.ring_schedule(100_000, 4, 3, 1, 1000)
     for send_off, send_cnt, recv_off, recv_cnt, *_ in schedule:
         assert send_cnt <= 240 and recv_cnt <= 240  # 1000 bytes rounded down to 64-byte multiples
         assert send_off % 16 == 0 and recv_off % 16 == 0
@@ -110,7 +110,7 @@ def test_segments_respect_the_size_and_start_aligned():
 @pytest.mark.parametrize("numel,segment_bytes", [(0, 64), (1, 64), (1000, 64), (1000, 3), (12345, 4096)])
 def test_central_schedule_covers_the_buffer_once(numel, segment_bytes):
     covered = np.zeros(numel, dtype=np.int64)
-    for offset, count in _C.central_schedule(numel, 4, segment_bytes):
+    for offset, count in _C._testing.central_schedule(numel, 4, segment_bytes):
         assert 0 < count and count * 4 <= max(segment_bytes, 4)
         covered[offset : offset + count] += 1
     assert (covered == 1).all()

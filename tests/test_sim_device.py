@@ -36,10 +36,10 @@ ISSUE_WINDOW_OPS = 512  # cuda/nccl_transport.h: kIssueWindowOps
 def _seeded_and_disarmed(request):
     """Every test gets its own seed for the device's delays (the same in every run), and no fault
     left armed by another."""
-    _C.sim_configure(seed=zlib.crc32(request.node.nodeid.encode()), max_delay_us=200)
-    _C.sim_clear()
+    _C._testing.sim_configure(seed=zlib.crc32(request.node.nodeid.encode()), max_delay_us=200)
+    _C._testing.sim_clear()
     yield
-    _C.sim_clear()
+    _C._testing.sim_clear()
 
 
 def sim_world(size, transport, timeout=HEALTHY_TIMEOUT):
@@ -290,12 +290,12 @@ def _faulty_local_run(transport, fault, world=2, faulty_rank=1, seconds=0.0, aft
     simulated stream was idle within a second after (ncclCommAbort ends the transfers in flight).
     The world is torn down before returning."""
     local = sim_world(world, transport, timeout=datetime.timedelta(seconds=FAULT_TIMEOUT_S))
-    _C.sim_inject(faulty_rank, fault, after=after, seconds=seconds)
+    _C._testing.sim_inject(faulty_rank, fault, after=after, seconds=seconds)
     start = time.monotonic()
     outcomes = on_every_rank(local, lambda r, g: ringreduce.all_reduce(torch.ones(50_000), group=g, async_op=True,
                                                                      segment_bytes=4096))
     seconds = time.monotonic() - start
-    drained = _within(1.0, lambda: _C.sim_busy_streams() == 0)
+    drained = _within(1.0, lambda: _C._testing.sim_busy_streams() == 0)
     del local
     return [(type(o), str(o)) for o in outcomes], seconds, drained
 
@@ -338,10 +338,10 @@ def test_the_issue_window_keeps_the_host_within_reach_of_a_stalled_stream(collec
     # One collective of thousands of exchanges (all-gather: exchanges only, no reduction kernel)
     # while rank 0's first kernel (its header write) hangs for a second: the host queues at most
     # the window's operations ahead of the device, and never blocks inside a call, so it finishes.
-    _C.sim_configure(seed=7, max_delay_us=20)
+    _C._testing.sim_configure(seed=7, max_delay_us=20)
     local = sim_world(2, "nccl")
-    _C.sim_clear()
-    _C.sim_inject(0, "stall", after=0, seconds=1.0)
+    _C._testing.sim_clear()
+    _C._testing.sim_inject(0, "stall", after=0, seconds=1.0)
     numel = 1 << 20
     if collective == "all_reduce":
         tensors = [torch.ones(numel) for _ in range(2)]
@@ -354,12 +354,12 @@ def test_the_issue_window_keeps_the_host_within_reach_of_a_stalled_stream(collec
         for work in works:
             work.wait()
         assert all(torch.equal(out, torch.arange(2.0).repeat_interleave(numel)) for out in outputs)
-    assert 0 < _C.sim_most_queued() <= ISSUE_WINDOW_OPS, _C.sim_most_queued()
+    assert 0 < _C._testing.sim_most_queued() <= ISSUE_WINDOW_OPS, _C._testing.sim_most_queued()
 
 
 def _killed_peer(rank, world):
     if rank == 1:
-        _C.sim_inject(0, "exit", after=2)
+        _C._testing.sim_inject(0, "exit", after=2)
     start = time.monotonic()
     try:
         ringreduce.all_reduce(torch.ones(50_000), transport="sim", segment_bytes=4096)
@@ -393,12 +393,12 @@ def test_teardown_with_collectives_in_flight_and_tensors_alive():
 
 def test_streams_are_pooled_so_no_thread_is_left_behind():
     sim_world(4, "nccl")  # the pool holds what a 4-rank world needs
-    before = _C.sim_stream_threads()
+    before = _C._testing.sim_stream_threads()
     for _ in range(5):
         local = sim_world(4, "nccl")
         local.all_reduce([torch.ones(10) for _ in range(4)])
         del local
-    assert _C.sim_stream_threads() <= before + 12  # at most one more world's streams, however many come and go
+    assert _C._testing.sim_stream_threads() <= before + 12  # at most one more world's streams, however many come and go
 
 
 def test_a_dropped_world_ends_at_once_not_later_inside_another_worlds_call():
@@ -427,22 +427,22 @@ def test_tensors_kept_after_a_failure_go_with_the_next_call_once_the_device_is_d
     They were released only when another call failed."""
     import weakref
 
-    assert _C.sim_kept_calls() == 0
+    assert _C._testing.sim_kept_calls() == 0
     local = sim_world(2, "nccl", timeout=datetime.timedelta(seconds=FAULT_TIMEOUT_S))
-    _C.sim_inject(1, "async_error", after=3)
+    _C._testing.sim_inject(1, "async_error", after=3)
     tensors = [torch.ones(50_000) for _ in range(2)]
     outcomes = on_every_rank(local, lambda r, g: ringreduce.all_reduce(tensors[r], group=g, async_op=True,
                                                                      segment_bytes=4096))
     assert all(isinstance(o, RuntimeError) for o in outcomes), outcomes
-    assert _C.sim_kept_calls() >= 1
+    assert _C._testing.sim_kept_calls() >= 1
     kept = [weakref.ref(t) for t in tensors]
     del tensors
     del local
-    assert _within(5.0, lambda: _C.sim_busy_streams() == 0)
-    _C.sim_clear()
+    assert _within(5.0, lambda: _C._testing.sim_busy_streams() == 0)
+    _C._testing.sim_clear()
     healthy = sim_world(2, "nccl")
     healthy.all_reduce([torch.ones(10) for _ in range(2)])
-    assert _C.sim_kept_calls() == 0
+    assert _C._testing.sim_kept_calls() == 0
     assert all(ref() is None for ref in kept)
 
 

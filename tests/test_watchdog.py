@@ -31,7 +31,7 @@ def raises_now(probe):
 
 
 def test_collectives_that_finish_leave_the_communicator_healthy():
-    probe = _C.WatchdogProbe(timeout_s=5)
+    probe = _C._testing.WatchdogProbe(timeout_s=5)
     for sequence in range(3):
         probe.begin(sequence, f"collective #{sequence}")
         probe.end(sequence)
@@ -47,7 +47,7 @@ def test_collectives_that_finish_leave_the_communicator_healthy():
 @pytest.mark.parametrize("issued", [True, False], ids=["stuck-on-device", "stuck-while-issuing"])
 def test_a_late_collective_fails_with_a_timeout_that_names_it(issued):
     timeout_s = 0.3
-    probe = _C.WatchdogProbe(timeout_s=timeout_s)
+    probe = _C._testing.WatchdogProbe(timeout_s=timeout_s)
     probe.begin(0, "collective #0")
     probe.end(0)
     probe.complete(1)
@@ -70,7 +70,7 @@ def test_a_late_collective_fails_with_a_timeout_that_names_it(issued):
 
 @pytest.mark.parametrize("kind,error", [("failure", RuntimeError), ("mismatch", ringreduce.MismatchError)])
 def test_a_reported_failure_fails_the_communicator_at_once(kind, error):
-    probe = _C.WatchdogProbe(timeout_s=60)
+    probe = _C._testing.WatchdogProbe(timeout_s=60)
     probe.begin(0, "collective #0")
     probe.end(0)
     probe.report(kind, f"the source says: {kind}")
@@ -81,7 +81,7 @@ def test_a_reported_failure_fails_the_communicator_at_once(kind, error):
 
 
 def test_a_host_failure_aborts_once_and_the_first_notice_wins():
-    probe = _C.WatchdogProbe(timeout_s=60)
+    probe = _C._testing.WatchdogProbe(timeout_s=60)
     probe.begin(0, "collective #0")
     assert probe.abort("ncclGroupEnd failed") == "ncclGroupEnd failed"
     assert probe.abort("a second failure") == "ncclGroupEnd failed"
@@ -91,7 +91,7 @@ def test_a_host_failure_aborts_once_and_the_first_notice_wins():
 
 
 def test_teardown_waits_for_the_work_but_no_longer_than_the_timeout():
-    probe = _C.WatchdogProbe(timeout_s=0.5)
+    probe = _C._testing.WatchdogProbe(timeout_s=0.5)
     probe.begin(0, "collective #0")
     probe.end(0)
     start = time.monotonic()
@@ -99,7 +99,7 @@ def test_teardown_waits_for_the_work_but_no_longer_than_the_timeout():
     assert time.monotonic() - start < 0.5 + SLACK_S
     assert probe.aborts == 1
 
-    finishing = _C.WatchdogProbe(timeout_s=30)
+    finishing = _C._testing.WatchdogProbe(timeout_s=30)
     finishing.begin(0, "collective #0")
     finishing.end(0)
     finishing.complete(1)
@@ -109,7 +109,7 @@ def test_teardown_waits_for_the_work_but_no_longer_than_the_timeout():
 
 def test_a_collective_queued_behind_a_slow_one_is_not_late_for_waiting_its_turn():
     timeout_s = 1.2
-    probe = _C.WatchdogProbe(timeout_s=timeout_s)
+    probe = _C._testing.WatchdogProbe(timeout_s=timeout_s)
     for sequence in range(2):
         probe.begin(sequence, f"collective #{sequence}")
         probe.end(sequence)

@@ -1,4 +1,5 @@
-// Python bindings: the communicators' methods, the group factories and the probes.
+// Python bindings: the communicators' methods and the group factories; the test-only probes are
+// bound under _C._testing by csrc/testing/.
 #include <ATen/ATen.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -13,22 +14,14 @@
 #include <tuple>
 #include <vector>
 
-#include "algorithms/schedule.h"
-#include "core/trace.h"
 #include "cpu/reducer.h"
 #include "engine/auto_choice.h"
 #include "engine/communicator.h"
-#include "python/auto_learner_probe.h"
 #include "python/backend.h"
 #include "python/calls.h"
 #include "python/checked_calls.h"
-#include "python/cuda_probes.h"
-#include "python/exchange_trace.h"
 #include "python/glue.h"
-#include "python/issue_window_probe.h"
 #include "python/ps_bindings.h"
-#include "python/sim_controls.h"
-#include "python/watchdog_probe.h"
 #include "transports/local.h"
 #include "transports/pg.h"
 #include "transports/shm.h"
@@ -104,45 +97,6 @@ py::object reduce(Communicator& communicator, const at::Tensor& tensor, int op_c
 py::object broadcast(Communicator& communicator, const at::Tensor& tensor, int root, std::size_t segment_bytes,
                      bool async_op) {
   return to_python(submit(communicator, broadcast_call(communicator, tensor, root, segment_bytes), async_op));
-}
-
-// The schedule of one rank: `phases` "all_reduce", or "reduce_scatter" / "all_gather" over `world`
-// chunks of numel / world.
-py::list ring_schedule_py(std::size_t numel, std::size_t elem_size, int world, int rank, std::size_t segment_bytes,
-                          std::size_t lanes, const std::string& phases) {
-  std::vector<RingTransfer> transfers;
-  if (phases == "all_reduce") {
-    transfers = ring_schedule(numel, elem_size, world, rank, segment_bytes, lanes);
-  } else if ((phases == "reduce_scatter" || phases == "all_gather") && world > 0 && numel % world == 0) {
-    transfers = ring_schedule(chunk_layout(numel / world, elem_size, world, segment_bytes), world, rank, lanes,
-                              phases == "reduce_scatter" ? RingPhases::ReduceScatter : RingPhases::AllGather);
-  } else {
-    throw py::value_error("phases must be all_reduce, or reduce_scatter or all_gather of world chunks");
-  }
-  py::list out;
-  for (const RingTransfer& t : transfers) {
-    out.append(py::make_tuple(t.send.offset, t.send.count, t.recv.offset, t.recv.count, t.reduce, t.last, t.send_own,
-                              t.forward, t.lane));
-  }
-  return out;
-}
-
-py::list exchange_groups_py(std::size_t numel, int world, int rank, std::size_t segment_bytes, std::size_t lanes,
-                            const std::string& algorithm) {
-  if (algorithm != "ring" && algorithm != "central") throw py::value_error("algorithm must be 'ring' or 'central'");
-  py::list out;
-  for (const auto& group : trace_exchange_groups(numel, world, rank, segment_bytes, lanes, algorithm == "ring")) {
-    py::list transfers;
-    for (const TracedTransfer& t : group) transfers.append(py::make_tuple(t.is_send, t.peer, t.bytes));
-    out.append(transfers);
-  }
-  return out;
-}
-
-py::list central_schedule_py(std::size_t numel, std::size_t elem_size, std::size_t segment_bytes) {
-  py::list out;
-  for (const Span& span : central_schedule(numel, elem_size, segment_bytes)) out.append(py::make_tuple(span.offset, span.count));
-  return out;
 }
 
 std::vector<std::shared_ptr<Communicator>> local_world(int world, double timeout_s, const std::string& kind, int device) {
@@ -223,6 +177,10 @@ py::dict build_info() {
 }
 
 }  // namespace
+
+// The test-only door (csrc/testing/testing.h): that room sits above this one, so it is declared here, not included.
+void bind_testing(py::module_& parent);
+
 }  // namespace ringreduce
 
 PYBIND11_MODULE(_C, m) {
@@ -372,12 +330,6 @@ PYBIND11_MODULE(_C, m) {
       py::call_guard<py::gil_scoped_release>(), "A communicator over NCCL point-to-point on GPU `device`.");
 #endif
 
-  m.def("ring_schedule", &ring_schedule_py, py::arg("numel"), py::arg("elem_size"), py::arg("world"), py::arg("rank"),
-        py::arg("segment_bytes"), py::arg("lanes") = 1, py::arg("phases") = "all_reduce");
-  m.def("exchange_groups", &exchange_groups_py, py::arg("numel"), py::arg("world"), py::arg("rank"),
-        py::arg("segment_bytes"), py::arg("lanes"), py::arg("algorithm"),
-        "The groups of (is_send, peer, bytes) a transport that groups like nccl hands over, for one float32 call.");
-  m.def("central_schedule", &central_schedule_py, py::arg("numel"), py::arg("elem_size"), py::arg("segment_bytes"));
   m.def("build_info", &build_info);
   m.def(
       "wait_until_idle",
@@ -399,8 +351,6 @@ PYBIND11_MODULE(_C, m) {
         "At interpreter exit: stops every group's pulse thread (engine/membership.h).");
   m.def("drop_backend_delegates", &RingReduceBackend::drop_delegates_at_exit, py::call_guard<py::gil_scoped_release>(),
         "At interpreter exit: every ringreduce backend drops its gloo and NCCL delegates (joining their threads).");
-  m.def("trace_microseconds", &trace_microseconds, py::arg("ns"),
-        "How a trace file writes `ns` nanoseconds (Chrome's microseconds), for tests.");
   m.def(
       "set_auto_table",
       [](const TableLines& lines, std::string source) { set_auto_table(rules_of(lines), std::move(source)); },
@@ -476,11 +426,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("membership") = nullptr,
            "`cuda_fallback` (or None) serves the delegated ops on CUDA tensors; with `announce`, the first "
            "delegation of each op is said under RINGREDUCE_DEBUG=INFO.");
-  bind_watchdog_probe(m);
   bind_checked_calls(m);
-  bind_issue_window_probe(m);
-  bind_cuda_probes(m);
-  bind_sim_controls(m);
   bind_parameter_server(m);
-  bind_auto_learner_probe(m);
+  bind_testing(m);
 }

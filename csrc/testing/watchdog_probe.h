@@ -6,7 +6,7 @@
 
 namespace ringreduce {
 
-// Adds _C.WatchdogProbe to `module`.
+// Adds WatchdogProbe to `module` (_C._testing).
 void bind_watchdog_probe(pybind11::module_& module);
 
 }  // namespace ringreduce

@@ -1,4 +1,4 @@
-#include "python/exchange_trace.h"
+#include "testing/exchange_trace.h"
 
 #include "algorithms/algorithms.h"
 #include "cpu/reducer.h"

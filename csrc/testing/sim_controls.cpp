@@ -1,4 +1,4 @@
-#include "python/sim_controls.h"
+#include "testing/sim_controls.h"
 
 #if defined(RINGREDUCE_WITH_SIM)
 

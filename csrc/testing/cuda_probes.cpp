@@ -1,4 +1,4 @@
-#include "python/cuda_probes.h"
+#include "testing/cuda_probes.h"
 
 #if defined(RINGREDUCE_WITH_CUDA)
 #include <c10/cuda/CUDAGuard.h>

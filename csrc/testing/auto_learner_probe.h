@@ -6,7 +6,7 @@
 
 namespace ringreduce {
 
-// Adds _C.AutoLearnerProbe to `module`.
+// Adds AutoLearnerProbe to `module` (_C._testing).
 void bind_auto_learner_probe(pybind11::module_& module);
 
 }  // namespace ringreduce

@@ -1,4 +1,4 @@
-#include "python/auto_learner_probe.h"
+#include "testing/auto_learner_probe.h"
 
 #include <pybind11/stl.h>
 

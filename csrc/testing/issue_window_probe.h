@@ -6,7 +6,7 @@
 
 namespace ringreduce {
 
-// Adds _C.issue_window_run to `module`.
+// Adds issue_window_run to `module` (_C._testing).
 void bind_issue_window_probe(pybind11::module_& module);
 
 }  // namespace ringreduce

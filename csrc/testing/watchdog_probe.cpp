@@ -1,4 +1,4 @@
-#include "python/watchdog_probe.h"
+#include "testing/watchdog_probe.h"
 
 #include <memory>
 #include <mutex>

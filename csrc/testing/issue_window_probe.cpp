@@ -1,4 +1,4 @@
-#include "python/issue_window_probe.h"
+#include "testing/issue_window_probe.h"
 
 #include <pybind11/stl.h>
 

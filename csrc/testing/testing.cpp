@@ -1,0 +1,22 @@
+#include "testing/testing.h"
+
+#include "testing/auto_learner_probe.h"
+#include "testing/cuda_probes.h"
+#include "testing/issue_window_probe.h"
+#include "testing/schedule_probes.h"
+#include "testing/sim_controls.h"
+#include "testing/watchdog_probe.h"
+
+namespace ringreduce {
+
+void bind_testing(pybind11::module_& parent) {
+  pybind11::module_ testing = parent.def_submodule("_testing", "Test-only probes of the engine's parts (csrc/testing/).");
+  bind_watchdog_probe(testing);
+  bind_issue_window_probe(testing);
+  bind_cuda_probes(testing);
+  bind_sim_controls(testing);
+  bind_auto_learner_probe(testing);
+  bind_schedule_probes(testing);
+}
+
+}  // namespace ringreduce
