@@ -6,7 +6,7 @@
   nothing of the package, and every failure becomes one warning.
 - `torch.distributed.backends` (`register_on_use`): torch calls it when a backend name it does not know is
   first used (init_process_group, new_group), so the name works with autoload off too; a broken install
-  raises there, saying why.
+  raises there, saying why (and, with autoload on, `dist.is_backend_available` says False).
 
 This module lives outside the package because importing `ringreduce` loads the compiled engine."""
 
@@ -22,8 +22,18 @@ def register() -> None:
     try:
         _register_lazily()
     except Exception as error:  # noqa: BLE001 -- torch turns an escaping error into a failed `import torch`
+        _say_unavailable()
         _warn(f"ringreduce: the backend was not registered with torch.distributed: {error}. "
               f"init_process_group('{NAME}') will raise the same; TORCH_DEVICE_BACKEND_AUTOLOAD=0 silences this.")
+
+
+def _say_unavailable() -> None:
+    """dist.is_backend_available(NAME) asks torch.distributed.is_<name>_available first, if there is one: a
+    script that probes the name to choose a backend gets False, not the error (init_process_group still
+    raises it, through the other entry point). With autoload off torch calls that entry point unguarded."""
+    import torch.distributed as dist
+
+    setattr(dist, f"is_{NAME}_available", lambda: False)
 
 
 def register_on_use() -> None:
