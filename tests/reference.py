@@ -54,12 +54,11 @@ def exact_inputs(world, numel, dtype, op, seed=0):
             else:
                 low, high = max(info.min, -(2**62)), min(info.max, 2**62)  # randint's bounds fit int64
                 values = torch.randint(low, high + 1, (numel,), generator=gen, dtype=torch.int64)
+            inputs.append(values.to(dtype))
         elif op in (R.MIN, R.MAX):
-            values = torch.randn(numel, generator=gen, dtype=torch.float64) * 100
-        else:
+            inputs.append((torch.randn(numel, generator=gen, dtype=torch.float64) * 100).to(dtype))
+        else:  # one period cast to the dtype, then spread over the elements
             inputs.append(_float_pattern(world, rank, op).to(dtype)[_phases(numel)])
-            continue
-        inputs.append(values.to(dtype))
     return inputs
 
 
