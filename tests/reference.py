@@ -102,7 +102,9 @@ def kernel_reference(a, b, op, world, last):
     if op in (R.SUM, R.AVG):
         out = x + y
         if op == R.AVG and last:
-            out = out / world
+            # Divided by a tensor: torch on CUDA divides by a Python number as a multiply by its
+            # reciprocal, which can differ from the correctly rounded quotient by an ulp.
+            out = out / torch.full_like(out, world)
     elif op == R.PRODUCT:
         out = x * y
     elif op == R.MIN:

@@ -1,7 +1,6 @@
 #include "engine/auto_choice.h"
 
 #include <algorithm>
-#include <bit>
 #include <climits>
 #include <memory>
 #include <mutex>
@@ -31,9 +30,15 @@ bool first_time(std::uint64_t generation, std::size_t chosen) {
   return logged.insert({generation, chosen}).second;
 }
 
+// The number of bits `bytes` needs (0 for 0): C++20's std::bit_width, which torch builds under C++17
+// (torch 2.11 and older) do not have.
+int bit_width(std::uint64_t bytes) {
+  return bytes == 0 ? 0 : 64 - __builtin_clzll(bytes);
+}
+
 // The smallest size of the learner's size class of `bytes` (classes are bit widths).
 std::uint64_t class_floor(std::uint64_t bytes) {
-  const int width = std::bit_width(bytes);
+  const int width = bit_width(bytes);
   return width == 0 ? 0 : std::uint64_t{1} << (width - 1);
 }
 
@@ -142,7 +147,7 @@ AutoLearner::Tried AutoLearner::candidates(std::uint64_t bytes) const {
 }
 
 AutoLearner::SizeClass& AutoLearner::size_class(std::uint64_t bytes) {
-  return classes_[static_cast<std::size_t>(std::bit_width(bytes))];
+  return classes_[static_cast<std::size_t>(bit_width(bytes))];
 }
 
 int AutoLearner::first_round_calls(std::uint64_t bytes) {

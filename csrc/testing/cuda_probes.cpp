@@ -3,12 +3,14 @@
 #if defined(RINGREDUCE_WITH_CUDA)
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <pybind11/stl.h>
 
 #include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cuda/cuda_check.h"
@@ -105,7 +107,9 @@ void nccl_self_exchange(c10d::Store& store, const at::Tensor& src, const at::Ten
 // sets (a receive whose sender never comes). Returns the error it raised and the seconds from the
 // collective's start; its abort sets the flag, as ncclCommAbort makes NCCL's kernels return, so the
 // GPU is free again afterwards.
-py::tuple cuda_watchdog_stall(int device, double timeout_s) {
+// C++ types out: it runs without the GIL (its binding releases it), and pybind11 converts the result
+// once the GIL is back.
+std::pair<std::string, double> cuda_watchdog_stall(int device, double timeout_s) {
   const c10::cuda::CUDAGuard on_device(static_cast<c10::DeviceIndex>(device));
   cuda::DeviceApi& api = cuda::real_device();
   const auto mapped = cuda::allocate_mapped<int>(api);
@@ -143,7 +147,7 @@ py::tuple cuda_watchdog_stall(int device, double timeout_s) {
     *static_cast<volatile int*>(flag) = 1;  // never leave the kernel waiting
   }
   RR_CUDA_CHECK(api.synchronize(queue.lane_stream(0)));
-  return py::make_tuple(message, seconds);
+  return {message, seconds};
 }
 #endif
 
