@@ -1,12 +1,13 @@
 """Build of the ringreduce engine (ringreduce._C): C++ always, CUDA and NCCL when they can be built.
 
 Environment:
-    CUDA_HOME                 the CUDA toolkit, when nvcc is not on PATH (else /usr/local/cuda is tried)
+    CUDA_HOME                 the CUDA toolkit whose bin/nvcc compiles the kernels (else the nvcc on PATH, else
+                              /usr/local/cuda's)
     NCCL_HOME                 an NCCL install (include/nccl.h, lib/libnccl.so*), tried before the nvidia-nccl
                               wheel and the system folders
     RINGREDUCE_CPU_ONLY=1     build without CUDA even where it could be built
     RINGREDUCE_FORCE_CUDA=1   fail, saying why, unless the CUDA part is built
-    TORCH_CUDA_ARCH_LIST      GPU architectures (default: the visible GPUs', else "8.0;9.0")
+    TORCH_CUDA_ARCH_LIST      GPU architectures (default: the visible GPUs', else DEFAULT_CUDA_ARCHS below)
 """
 
 import glob
@@ -61,13 +62,17 @@ SYSTEM_NCCL_FOLDERS = [("/usr/include", "/usr/lib/x86_64-linux-gnu"), ("/usr/inc
 
 
 def find_nvcc():
-    """nvcc on PATH, else in $CUDA_HOME/bin, else in /usr/local/cuda/bin; with where it was looked for."""
+    """The nvcc that will compile the kernels, with where it was looked for. torch's build runs
+    $CUDA_HOME/bin/nvcc, so with CUDA_HOME set that is the one, whatever nvcc PATH finds first (often an
+    older /usr/bin/nvcc from the distribution); without it, the nvcc on PATH, else /usr/local/cuda's."""
+    home = os.environ.get("CUDA_HOME")
+    if home:
+        candidate = os.path.join(home, "bin", "nvcc")
+        return (candidate if os.access(candidate, os.X_OK) else None), [f"$CUDA_HOME/bin ({candidate})"]
     places = ["PATH"]
     found = shutil.which("nvcc")
-    for home in (os.environ.get("CUDA_HOME"), DEFAULT_CUDA_HOME):
-        if found or not home:
-            continue
-        candidate = os.path.join(home, "bin", "nvcc")
+    if not found:
+        candidate = os.path.join(DEFAULT_CUDA_HOME, "bin", "nvcc")
         places.append(candidate)
         if os.access(candidate, os.X_OK):
             found = candidate
