@@ -29,9 +29,16 @@ def pytest_sessionfinish(session):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+# No group sweeps dead processes' segments from /dev/shm during the suite: a segment that a killed rank
+# leaves behind must stay for the leftover checks (the test's own and the final one), not be swept by
+# another worker's next group at a moment that depends on scheduling.
+KEEP_STALE_SEGMENTS = "RINGREDUCE_TESTING_KEEP_STALE_SEGMENTS"
+
+
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch):
-    """Tests start without ringreduce settings from the caller's shell."""
+    """Tests start without ringreduce settings from the caller's shell, and with the sweep off."""
     for name in list(os.environ):
         if name.startswith("RINGREDUCE_"):
             monkeypatch.delenv(name)
+    monkeypatch.setenv(KEEP_STALE_SEGMENTS, "1")

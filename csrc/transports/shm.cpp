@@ -75,8 +75,15 @@ std::size_t channels_offset() { return round_up(sizeof(Header), kPageBytes); }
 std::size_t slots_offset(int world) { return round_up(channels_offset() + world * sizeof(Channel), kPageBytes); }
 std::size_t segment_size(int world) { return slots_offset(world) + world * kShmChannelBytes; }
 
+// Test-only: set to 1, no group sweeps. The test suite sets it so that a segment its killed ranks
+// leave behind stays for its leftover checks, instead of being swept by another test's group at a
+// time that depends on the scheduling (docs/design.md).
+constexpr const char* kKeepStaleEnv = "RINGREDUCE_TESTING_KEEP_STALE_SEGMENTS";
+
 // Unlinks segments left in /dev/shm by ringreduce processes that died before they unlinked them.
 void remove_stale_segments() {
+  const char* keep = std::getenv(kKeepStaleEnv);
+  if (keep != nullptr && std::string(keep) == "1") return;
   DIR* dir = ::opendir("/dev/shm");
   if (dir == nullptr) return;
   const std::string prefix = kNamePrefix;
