@@ -324,17 +324,26 @@ def test_a_server_rank_that_leaves_by_an_exception_stops_the_workers_at_once(tra
         assert "left by ValueError: the server rank's own loop failed" in message, message
 
 
+# How soon close() must give way to Ctrl-C: it waits for its workers in slices that check for signals.
+CTRL_C_TAKEN_WITHIN_S = 1.0
+
+
 def _interrupted_close_run(rank, world):
     import _thread
     import threading
 
     server, params = _server(rank, lr=0.1)
     if rank == 0:
-        threading.Timer(0.5, _thread.interrupt_main).start()  # Ctrl-C, half a second into close()
-        start = time.monotonic()
-        with pytest.raises(KeyboardInterrupt):
+        pressed = []
+
+        def ctrl_c():
+            pressed.append(time.monotonic())
+            _thread.interrupt_main()
+
+        threading.Timer(0.5, ctrl_c).start()  # half a second into close(), or later on a busy machine
+        with pytest.raises(KeyboardInterrupt):  # so close() was still waiting when it came
             server.close()
-        return time.monotonic() - start
+        return time.monotonic() - pressed[0]
     try:
         for _ in range(200):  # 10 s of training
             time.sleep(0.05)
@@ -347,7 +356,8 @@ def _interrupted_close_run(rank, world):
 
 def test_ctrl_c_during_close_stops_the_server():
     results = run_ranks(2, _interrupted_close_run, env={"RINGREDUCE_TIMEOUT": "20"})
-    assert 0.4 < results[0] < 1.5, f"close() took {results[0]:.1f} s to take Ctrl-C"
+    # Timed from the moment Ctrl-C came, not from when it was asked for: a busy machine delays the timer.
+    assert results[0] < CTRL_C_TAKEN_WITHIN_S, f"close() took {results[0]:.1f} s to take Ctrl-C"
     assert "interrupted while waiting for its workers" in results[1], results[1]
 
 

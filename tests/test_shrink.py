@@ -241,10 +241,17 @@ def test_bad_shrinks_get_clear_errors_and_leave_the_group_working():
     assert run_ranks(4, _bad_shrinks, backend="ringreduce") == [True] * 4
 
 
-def _store_keeper_dies(rank, port, results):
+def _store_keeper_dies(rank, ports, results):
     import ringreduce  # noqa: F401  (registers the backend)
-    # torch's TCPStore lives in rank 0 here, as with env:// outside torchrun.
-    dist.init_process_group("ringreduce", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=3)
+    # torch's TCPStore lives in rank 0 here, as with env:// outside torchrun. Rank 0 binds port 0 and
+    # tells the others the port it got: a port picked free beforehand could be taken by then.
+    if rank == 0:
+        store = dist.TCPStore("127.0.0.1", 0, 3, is_master=True, wait_for_workers=False)
+        for _ in range(2):
+            ports.put(store.port)
+    else:
+        store = dist.TCPStore("127.0.0.1", ports.get(timeout=60), 3, is_master=False)
+    dist.init_process_group("ringreduce", store=store, rank=rank, world_size=3)
     t = torch.ones(1 << 20)
     dist.all_reduce(t)
     if rank == 0:
@@ -260,19 +267,13 @@ def _store_keeper_dies(rank, port, results):
 
 
 def test_when_the_store_dies_with_its_rank_the_survivors_say_the_store_is_gone():
-    import socket
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    results = multiproc.queue()
-    procs = [multiproc.start_process(_store_keeper_dies, r, port, results) for r in range(3)]
+    ports, results = multiproc.queue(), multiproc.queue()
+    procs = [multiproc.start_process(_store_keeper_dies, r, ports, results) for r in range(3)]
     try:
         errors = dict(results.get(timeout=120) for _ in range(2))
     finally:
         for proc in procs:
-            proc.join(timeout=30)
-            if proc.is_alive():
-                proc.kill()
+            multiproc.stop(proc)
     assert sorted(errors) == [1, 2]
     for error in errors.values():
         assert "the store the group agrees through is gone" in error, error
