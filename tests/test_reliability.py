@@ -4,8 +4,10 @@ import datetime
 import gc
 import os
 import resource
+import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -137,22 +139,46 @@ def _open_a_group(rank, world):
     return rank
 
 
-def test_a_new_shm_group_sweeps_the_segments_of_dead_processes_and_no_others(monkeypatch):
-    exited = subprocess.Popen(["true"])  # a pid whose process has exited
+def _planted_segment(pid, pid_namespace):
+    """A segment named as a ringreduce process `pid` of pid namespace `pid_namespace` would name its own."""
+    path = f"/dev/shm/ringreduce-{pid}-{pid_namespace}-planted"
+    open(path, "wb").close()
+    return path
+
+
+def _exited_pid():
+    exited = subprocess.Popen(["true"])
     exited.wait()
-    stale = f"/dev/shm/ringreduce-{exited.pid}-planted"
-    live = f"/dev/shm/ringreduce-{os.getpid()}-planted"
+    return exited.pid
+
+
+def _another_pid_namespace():
+    """The identity of a pid namespace other than this process's, as a container beside this one has."""
+    done = subprocess.run(["unshare", "--pid", "--fork", sys.executable, "-c",
+                           "import os; print(os.stat('/proc/self/ns/pid').st_ino)"],
+                          capture_output=True, text=True, timeout=60, check=True)
+    return int(done.stdout)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare --pid")
+def test_a_new_shm_group_sweeps_the_segments_of_dead_processes_and_no_others(monkeypatch):
+    own_namespace = os.stat("/proc/self/ns/pid").st_ino
+    planted = {
+        "dead here": _planted_segment(_exited_pid(), own_namespace),
+        "live here": _planted_segment(os.getpid(), own_namespace),
+        # A container sharing /dev/shm but not pids: its creator's pid names no process here, and
+        # its job may be running.
+        "in another pid namespace": _planted_segment(_exited_pid(), _another_pid_namespace()),
+    }
     try:
-        for path in (stale, live):
-            open(path, "wb").close()
         run_ranks(2, _open_a_group)  # the suite's setting: no sweep
-        assert os.path.exists(stale) and os.path.exists(live)
+        assert all(os.path.exists(path) for path in planted.values())
         monkeypatch.delenv(KEEP_STALE_SEGMENTS)
         run_ranks(2, _open_a_group)
-        assert not os.path.exists(stale), "the dead process's segment was not swept"
-        assert os.path.exists(live), "a live process's segment was swept"
+        left = {what for what, path in planted.items() if os.path.exists(path)}
+        assert left == {"live here", "in another pid namespace"}, left
     finally:
-        for path in (stale, live):
+        for path in planted.values():
             if os.path.exists(path):
                 os.unlink(path)
 

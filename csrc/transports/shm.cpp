@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <new>
@@ -30,7 +31,9 @@ namespace {
 constexpr std::uint64_t kMagic = 0x72696e6772656431ULL;  // "ringred1"
 constexpr std::size_t kPageBytes = 4096;
 constexpr std::size_t kAbortReasonBytes = 1024;  // room for a mismatch message naming both calls
-// Segment names start with this, then the creating pid: leftovers of dead jobs are recognisable.
+// Segment names start with this, then the creating pid and the identity of its pid namespace (the
+// inode of /proc/self/ns/pid): leftovers of dead jobs are recognisable, and only by a process that
+// can see their creator's pid (containers sharing /dev/shm may not share pids).
 constexpr const char* kNamePrefix = "ringreduce-";
 // RINGREDUCE_WAIT=spin: poll this long, then sleep. A peer on another core usually answers within
 // a few microseconds, and a futex sleep and wake-up cost about 10 us here.
@@ -80,18 +83,23 @@ std::size_t segment_size(int world) { return slots_offset(world) + world * kShmC
 // time that depends on the scheduling (docs/design.md).
 constexpr const char* kKeepStaleEnv = "RINGREDUCE_TESTING_KEEP_STALE_SEGMENTS";
 
-// Unlinks segments left in /dev/shm by ringreduce processes that died before they unlinked them.
+// Unlinks segments left in /dev/shm by ringreduce processes that died before they unlinked them. A
+// segment whose creator lived in another pid namespace is never judged: its pid means nothing here,
+// and the job it belongs to may be running in the container beside this one.
 void remove_stale_segments() {
   const char* keep = std::getenv(kKeepStaleEnv);
   if (keep != nullptr && std::string(keep) == "1") return;
   DIR* dir = ::opendir("/dev/shm");
   if (dir == nullptr) return;
   const std::string prefix = kNamePrefix;
+  const std::uint64_t own_namespace = own_pid_namespace();
   while (const dirent* entry = ::readdir(dir)) {
     const std::string name = entry->d_name;
     if (name.compare(0, prefix.size(), prefix) != 0) continue;
-    const std::int64_t pid = std::atoll(name.c_str() + prefix.size());
-    if (pid > 0 && process_gone(pid)) ::shm_unlink(("/" + name).c_str());
+    long long pid = 0;
+    unsigned long long pid_namespace = 0;
+    if (std::sscanf(name.c_str() + prefix.size(), "%lld-%llu-", &pid, &pid_namespace) != 2) continue;
+    if (pid > 0 && pid_namespace == own_namespace && process_gone(pid)) ::shm_unlink(("/" + name).c_str());
   }
   ::closedir(dir);
 }
@@ -211,7 +219,8 @@ ShmTransport::ShmTransport(Rendezvous& rendezvous, int rank, int world, std::chr
   wait_ = wait_plan(world);
   remove_stale_segments();
 
-  const std::string own_name = "/" + std::string(kNamePrefix) + std::to_string(::getpid()) + "-" + random_token();
+  const std::string own_name =
+      detail::concat("/", kNamePrefix, ::getpid(), "-", own_pid_namespace(), "-", random_token());
   segments_[rank] = std::make_unique<Segment>(own_name, world, true);
   Header* header = new (segments_[rank]->base) Header{};
   header->magic = kMagic;
