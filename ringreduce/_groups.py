@@ -60,13 +60,21 @@ HOST_NAME_ENV = "RINGREDUCE_HOST_NAME"
 
 
 def host_identity() -> str:
-    """Host name plus boot id: equal for two processes exactly when they can share /dev/shm."""
+    """Equal for two processes exactly when they can share memory through /dev/shm: one kernel (the host
+    name and the boot id) and one /dev/shm filesystem (its device number, which NCCL's shared-memory
+    transport also requires). Containers with host networking (Kubernetes' hostNetwork) share the host
+    name and the boot id, but each has a /dev/shm of its own unless they share it (--ipc=host, a bind
+    mount); POSIX shared memory is files there, so the filesystem decides, not the IPC namespace."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot_id = f.read().strip()
     except OSError:
         boot_id = "unknown-boot"
-    return f"{os.environ.get(HOST_NAME_ENV) or socket.gethostname()}/{boot_id}"
+    try:
+        shm = f"shm-device-{os.stat('/dev/shm').st_dev}"
+    except OSError:
+        shm = "no-dev-shm"
+    return f"{os.environ.get(HOST_NAME_ENV) or socket.gethostname()}/{boot_id}/{shm}"
 
 
 def host_labels(store, rank, size) -> list:
@@ -74,8 +82,24 @@ def host_labels(store, rank, size) -> list:
     `store` (collective: every rank publishes its own, then reads all)."""
     store.set(str(rank), host_identity())
     identities = [store.get(str(r)).decode() for r in range(size)]
+    _say_where_one_machine_is_several_hosts(identities, rank)
     numbers = {}
     return [numbers.setdefault(identity, len(numbers)) for identity in identities]
+
+
+def _say_where_one_machine_is_several_hosts(identities, rank) -> None:
+    """RINGREDUCE_DEBUG=INFO: ranks of one machine (host name and boot id) that see different /dev/shm
+    filesystems (containers that do not share it) are different hosts, joined through torch's engine."""
+    machines = {}
+    for r, identity in enumerate(identities):
+        machine, _, shm = identity.rpartition("/")
+        machines.setdefault(machine, {}).setdefault(shm, []).append(r)
+    for machine, filesystems in machines.items():
+        if len(filesystems) > 1:
+            split = "; ".join(f"ranks {ranks} see {shm}" for shm, ranks in filesystems.items())
+            _debug.info_once(("one machine, several /dev/shm", machine, tuple(identities)),
+                             f"rank {rank}: ranks on machine {machine.split('/')[0]} do not share /dev/shm ({split}):"
+                             f" each /dev/shm is a host of its own, and no shared memory is used between them")
 
 
 def agree_on_auto_table(comm, store, rank) -> None:

@@ -4,6 +4,7 @@ WORLD_SIZE, MASTER_ADDR, MASTER_PORT, or torchrun's). It prints one line of JSON
     hosts_worker.py check     every collective against a float64 reference, and each rank's bits
     hosts_worker.py backend   dist.* calls on init_process_group("ringreduce")
     hosts_worker.py fault     a 64 MiB hierarchical all-reduce while the test cuts a link or kills a host
+    hosts_worker.py every     every collective of the backend at 4 KiB and 16 MiB, against closed forms
 """
 
 import datetime
@@ -73,6 +74,44 @@ def backend(rank, world):
     return {"ok": results, "local_rank": int(os.environ["LOCAL_RANK"])}
 
 
+def every(rank, world):
+    dist.init_process_group("ringreduce")
+    failed = []
+    for nbytes in (4 << 10, 16 << 20):
+        numel = nbytes // 4
+        for op in (R.SUM, R.AVG, R.MAX):
+            inputs = exact_inputs(world, numel, torch.float32, op)
+            mine = inputs[rank].clone()
+            dist.all_reduce(mine, op)
+            if not torch.equal(mine, reference(inputs, op)):
+                failed.append(f"all_reduce {op} {nbytes} B")
+        chunk = numel // world
+        inputs = exact_inputs(world, chunk * world, torch.float32, R.SUM)
+        out = torch.empty(chunk)
+        dist.reduce_scatter_tensor(out, inputs[rank])
+        if not torch.equal(out, reference(inputs, R.SUM)[rank * chunk:(rank + 1) * chunk]):
+            failed.append(f"reduce_scatter_tensor {nbytes} B")
+        everyone = torch.arange(world, dtype=torch.float32).repeat_interleave(chunk)
+        gathered = torch.empty(chunk * world)
+        dist.all_gather_into_tensor(gathered, torch.full((chunk,), float(rank)))
+        if not torch.equal(gathered, everyone):
+            failed.append(f"all_gather_into_tensor {nbytes} B")
+        listed = [torch.empty(chunk) for _ in range(world)]
+        dist.all_gather(listed, torch.full((chunk,), float(rank)))
+        if not torch.equal(torch.cat(listed), everyone):
+            failed.append(f"all_gather {nbytes} B")
+        sent = torch.arange(float(numel)) if rank == world - 1 else torch.zeros(numel)
+        dist.broadcast(sent, src=world - 1)
+        if not torch.equal(sent, torch.arange(float(numel))):
+            failed.append(f"broadcast {nbytes} B")
+        summed = torch.full((numel,), float(rank + 1))
+        dist.reduce(summed, dst=1)
+        if rank == 1 and not torch.equal(summed, torch.full((numel,), world * (world + 1) / 2)):
+            failed.append(f"reduce {nbytes} B")
+        dist.barrier()
+    return {"failed": failed, "host": ringreduce._groups.host_identity(), "pid": os.getpid()}
+
+
 def fault(rank, world):
     """Reduces 64 MiB until the group fails; says how long after the test's fault it raised."""
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=FAULT_TIMEOUT_S))
@@ -89,7 +128,7 @@ def fault(rank, world):
 
 def main():
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    outcome = {"check": check, "backend": backend, "fault": fault}[sys.argv[1]](rank, world)
+    outcome = {"check": check, "backend": backend, "fault": fault, "every": every}[sys.argv[1]](rank, world)
     print(json.dumps({"rank": rank, **outcome}), flush=True)
     if sys.argv[1] == "fault":
         os._exit(0)  # the group is broken and rank 0's store may be gone: no teardown to wait for
