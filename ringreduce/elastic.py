@@ -31,6 +31,32 @@ def _backend_of(group):
     return group, backend
 
 
+def _exclude_by_global_rank(finalize):
+    """torch 2.14's shrink_group builds the shrunk group's rank map by removing the excluded *group* ranks
+    from the group's *global* ranks: for new_group([1, 2, 3]) losing its group rank 0 it keeps all
+    three global ranks over a 2-rank backend, so get_rank() and src=/dst= name the wrong ranks. The
+    group ranks are turned into the global ranks they stand for before torch's step runs."""
+
+    def finalize_shrunk_group(group_info, excluded_group_ranks, new_backend):
+        global_ranks = dist.get_process_group_ranks(group_info["process_group"])
+        return finalize(group_info, {global_ranks[r] for r in excluded_group_ranks}, new_backend)
+
+    finalize_shrunk_group.repairs = finalize
+    return finalize_shrunk_group
+
+
+def _repair_torch_shrink() -> None:
+    """Installs the repair above on the torch releases that need it (2.14, whose source was read), once."""
+    c10d = dist.distributed_c10d
+    finalize = getattr(c10d, "_finalize_shrunk_group", None)
+    if finalize is None or hasattr(finalize, "repairs") or not torch.__version__.startswith("2.14."):
+        return
+    c10d._finalize_shrunk_group = _exclude_by_global_rank(finalize)
+
+
+_repair_torch_shrink()
+
+
 def lost_ranks(group=None) -> list:
     """The ranks of `group` (default: WORLD) its survivors agreed are lost; empty while none is."""
     return list(_backend_of(group)[1].membership.lost)

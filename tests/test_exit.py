@@ -10,9 +10,10 @@ import time
 
 import pytest
 
-# Each rank prints the time just before sys.exit; the parent notes when the process has ended.
-BUSY_EXIT = """
-import os, sys, time, torch, torch.distributed as dist, ringreduce, ringreduce.ps
+# Both ranks with the group, 4 all-reduces in flight and a parameter server open, every step answered
+# (the server's exit then stops nobody mid-step).
+EVERYTHING_OPEN = """
+import os, signal, sys, time, torch, torch.distributed as dist, ringreduce, ringreduce.ps
 rank = int(os.environ["RANK"])
 dist.init_process_group("ringreduce", store=dist.FileStore(os.environ["STORE"], 2), rank=rank, world_size=2)
 works = [dist.all_reduce(torch.ones(1 << 18), async_op=True) for _ in range(4)]
@@ -20,7 +21,11 @@ params = torch.nn.Parameter(torch.zeros(1000))
 server = ringreduce.ps.ParameterServer([params], lr=0.1)
 params.grad = torch.ones(1000)
 server.step()
-dist.barrier()  # every step is answered: the server's exit then stops nobody mid-step
+dist.barrier()
+"""
+
+# Each rank prints the time just before sys.exit; the parent notes when the process has ended.
+BUSY_EXIT = EVERYTHING_OPEN + """
 if rank == 0:
     pending = dist.gather(torch.ones(10), [torch.zeros(10) for _ in range(2)], dst=0, async_op=True)  # rank 1 never joins
 print(time.time(), flush=True)
@@ -46,18 +51,9 @@ except RuntimeError as error:
     print(time.time(), error, flush=True)
 """
 
-# Both ranks leave by `HOW`, an uncaught exception or Ctrl-C (a real SIGINT, taken in a sleep), with
-# the group, work in flight and a parameter server open, after printing the time.
-UNCAUGHT_EXIT = """
-import os, signal, sys, time, torch, torch.distributed as dist, ringreduce, ringreduce.ps
-rank = int(os.environ["RANK"])
-dist.init_process_group("ringreduce", store=dist.FileStore(os.environ["STORE"], 2), rank=rank, world_size=2)
-works = [dist.all_reduce(torch.ones(1 << 18), async_op=True) for _ in range(4)]
-params = torch.nn.Parameter(torch.zeros(1000))
-server = ringreduce.ps.ParameterServer([params], lr=0.1)
-params.grad = torch.ones(1000)
-server.step()
-dist.barrier()
+# Both ranks leave by `HOW`, an uncaught exception or Ctrl-C (a real SIGINT, taken in a sleep), after
+# printing the time.
+UNCAUGHT_EXIT = EVERYTHING_OPEN + """
 print(time.time(), flush=True)
 if os.environ["HOW"] == "exception":
     raise RuntimeError("planted: the training loop failed")

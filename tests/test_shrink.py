@@ -3,6 +3,7 @@ ranks, within the loss bound whatever the group timeout, and dist.shrink_group g
 group. Kills land during a 64 MiB all-reduce, between steps and during the shrink, on shared
 memory and on gloo across (emulated) hosts."""
 
+import datetime
 import hashlib
 import os
 import signal
@@ -300,3 +301,57 @@ def _subgroup_shrinks(rank, world):
 
 def test_a_group_other_than_the_default_one_shrinks_on_its_own():
     assert run_ranks(3, _subgroup_shrinks, backend="ringreduce", dying=(1,))[::2] == [True, True]
+
+
+def _check_group(group, members, rank):
+    """`group` is the group of global ranks `members` as every torch call sees it; returns its collectives'
+    checks (broadcast from the last member, reduce to the first) as (what, ok) pairs."""
+    assert dist.get_process_group_ranks(group) == members
+    assert dist.get_rank(group) == group.rank() == members.index(rank)
+    assert [dist.get_global_rank(group, r) for r in range(len(members))] == members
+    sent = torch.full((1000,), float(rank))
+    dist.broadcast(sent, src=members[-1], group=group)
+    summed = torch.full((1000,), float(rank))
+    dist.reduce(summed, dst=members[0], group=group)
+    checks = [("broadcast", torch.equal(sent, torch.full((1000,), float(members[-1]))))]
+    if rank == members[0]:
+        checks.append(("reduce", torch.equal(summed, torch.full((1000,), float(sum(members))))))
+    return checks
+
+
+def _the_first_member_dies(group, rank, members):
+    """The first member of `group` dies after one all-reduce; the others see it lost as group rank 0."""
+    x = torch.ones(1000)
+    dist.all_reduce(x, group=group)
+    if rank == members[0]:
+        os.kill(os.getpid(), signal.SIGKILL)
+    with pytest.raises(ringreduce.RanksLostError) as caught:
+        dist.all_reduce(x, group=group)
+    assert caught.value.lost_ranks == [0]
+
+
+def _offset_subgroup_shrinks_twice(rank, world):
+    store = dist.distributed_c10d._get_default_store()
+    sub = dist.new_group([1, 2, 3, 4], backend="ringreduce")
+    if rank == 0:  # not a member: waits for the members, as a rank of another job on WORLD would
+        store.wait(["shrunk twice"], datetime.timedelta(seconds=120))
+        return []
+    checks = _check_group(sub, [1, 2, 3, 4], rank)
+    _the_first_member_dies(sub, rank, [1, 2, 3, 4])
+    shrunk = dist.shrink_group([0], group=sub)  # torch's own call, group rank 0 = global rank 1
+    checks += _check_group(shrunk, [2, 3, 4], rank)
+    _the_first_member_dies(shrunk, rank, [2, 3, 4])
+    again = ringreduce.shrink(shrunk, [0])  # the package's call, group rank 0 = global rank 2
+    checks += _check_group(again, [3, 4], rank)
+    if rank == 3:
+        store.set("shrunk twice", "1")
+    return checks
+
+
+def test_a_subgroup_of_ranks_other_than_0_to_k_shrinks_twice_and_names_its_ranks_right():
+    # Global ranks 1 then 2 die; torch 2.14 alone would map the shrunk groups onto the wrong ranks.
+    results = run_ranks(5, _offset_subgroup_shrinks_twice, backend="ringreduce", dying=(1, 2))
+    assert results[1] == results[2] == -signal.SIGKILL
+    for rank in (3, 4):
+        assert results[rank] and all(ok for _, ok in results[rank]), (rank, results[rank])
+    assert ("reduce", True) in results[3]
