@@ -91,14 +91,20 @@ def start_process(target, *args):
     return proc
 
 
+def _stat(pid):
+    """The fields of /proc/PID/stat after the command name (state first), or None once the pid is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
 def _start_time(pid):
     """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat), or None once gone:
     with the pid, it names the process even after the pid is reused."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return int(stat.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
+    fields = _stat(pid)
+    return int(fields[19]) if fields else None
 
 
 def stop(proc, grace_s=RANK_EXIT_GRACE_S):
@@ -117,11 +123,8 @@ def stop(proc, grace_s=RANK_EXIT_GRACE_S):
 
 
 def _is_zombie(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
+    fields = _stat(pid)
+    return fields is None or fields[0] == "Z"
 
 
 def _entry(rank, world, store_path, fn, args, results, env, backend):
