@@ -1,4 +1,5 @@
 import os
+import shutil
 
 import pytest
 
@@ -33,6 +34,15 @@ def pytest_sessionfinish(session):
 # leaves behind must stay for the leftover checks (the test's own and the final one), not be swept by
 # another worker's next group at a moment that depends on scheduling.
 KEEP_STALE_SEGMENTS = "RINGREDUCE_TESTING_KEEP_STALE_SEGMENTS"
+
+
+def namespaces_unavailable():
+    """None where tests can make mount and pid namespaces (unshare, as root), else why they cannot."""
+    if os.geteuid() != 0:
+        return "needs root (unshare --mount --pid)"
+    if shutil.which("unshare") is None:
+        return "needs util-linux's unshare"
+    return None
 
 
 @pytest.fixture(autouse=True)

@@ -5,12 +5,13 @@ emulated with unshare: mount and pid namespaces of its own, with a fresh tmpfs o
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 import torch.distributed as dist
+
+from conftest import namespaces_unavailable
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 # Starting 4 ranks (torch imported 4 times) and running every collective at 16 MiB, on 2 cores
@@ -22,15 +23,7 @@ RANKS_PER_CONTAINER = 2
 SHM_MOUNT_NAME = "ringreduce-test-container-shm"
 
 
-def _unavailable():
-    if os.geteuid() != 0:
-        return "needs root (unshare --mount --pid)"
-    if shutil.which("unshare") is None:
-        return "needs util-linux's unshare"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_unavailable() is not None, reason=str(_unavailable()))
+pytestmark = pytest.mark.skipif(namespaces_unavailable() is not None, reason=str(namespaces_unavailable()))
 
 
 def _container(ranks, port, world):

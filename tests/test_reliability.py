@@ -4,7 +4,6 @@ import datetime
 import gc
 import os
 import resource
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import pytest
 import torch
 
 import ringreduce
-from conftest import KEEP_STALE_SEGMENTS
+from conftest import KEEP_STALE_SEGMENTS, namespaces_unavailable
 from multiproc import run_ranks
 from reference import R
 
@@ -160,7 +159,7 @@ def _another_pid_namespace():
     return int(done.stdout)
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare --pid")
+@pytest.mark.skipif(namespaces_unavailable() is not None, reason=str(namespaces_unavailable()))
 def test_a_new_shm_group_sweeps_the_segments_of_dead_processes_and_no_others(monkeypatch):
     own_namespace = os.stat("/proc/self/ns/pid").st_ino
     planted = {
