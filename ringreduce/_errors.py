@@ -4,7 +4,10 @@ import torch.distributed as dist
 
 
 class RanksLostError(dist.DistBackendError):
-    """Ranks of the group died, or went silent past RINGREDUCE_LOST_AFTER (1.5 s by default).
+    """Ranks of the group died, or went silent past RINGREDUCE_LOST_AFTER (10 s by default).
+
+    A rank that the others fenced (silent past the bound, then resumed) raises it too, with itself
+    among ``lost_ranks`` and a message saying it was excluded; it cannot rejoin.
 
     Every survivor raises it with the same ``lost_ranks`` (group ranks, sorted), agreed through the
     group's store. ``torch.distributed.shrink_group(err.lost_ranks, group)`` (or

@@ -59,6 +59,20 @@ def timeout_seconds(group) -> float:
 HOST_NAME_ENV = "RINGREDUCE_HOST_NAME"
 
 
+def probe_address(store) -> str:
+    """The address the group's other hosts reach this process by: the one this host sends from
+    towards the group's TCPStore (no packet is sent; the kernel picks the route). Empty for a store
+    of another kind (its ranks on other hosts are then lost by silence only: docs/elastic.md)."""
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    if not isinstance(store, dist.TCPStore):
+        return ""
+    family, _, _, _, where = socket.getaddrinfo(store.host, store.port, type=socket.SOCK_DGRAM)[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as towards:
+        towards.connect(where)
+        return towards.getsockname()[0]
+
+
 def host_identity() -> str:
     """Equal for two processes exactly when they can share memory through /dev/shm: one kernel (the host
     name and the boot id) and one /dev/shm filesystem (its device number, which NCCL's shared-memory

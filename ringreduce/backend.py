@@ -23,7 +23,7 @@ import torch.distributed as dist
 from ringreduce import _C, _debug
 from ringreduce._checks import algorithm_code
 from ringreduce._errors import RanksLostError
-from ringreduce._groups import agree_on_auto_table, host_identity, host_labels, host_summary
+from ringreduce._groups import agree_on_auto_table, host_identity, host_labels, host_summary, probe_address
 
 NAME = "ringreduce"
 # The all-reduce algorithm of every ringreduce backend of the process (auto by default).
@@ -35,7 +35,7 @@ ALGORITHM_ENV = "RINGREDUCE_ALGORITHM"
 # build shows as a wait that ends here, not in the group's timeout.
 SHRINK_BUILD_TIMEOUT_S = 10.0
 # How often a shrink looks at the group's pulses while the shrunk group is built: a store read per
-# look, against a loss bound of 1.5 s.
+# look, against deaths found within about 0.5-1.5 s.
 SHRINK_WATCH_POLL_S = 0.05
 
 
@@ -72,7 +72,7 @@ def _create(store, rank, size, timeout, build_timeout_s=None):
 
     members = dist.PrefixStore("membership/", store)
     membership = _C.Membership(dist.PrefixStore("membership/", store.clone()), members, rank, size, host_identity(),
-                               timeout_s)
+                               probe_address(store), timeout_s)
     return _C.Backend(store, rank, size, timeout_s, cpu, fallback, cuda_fallback, code, _debug.enabled(), membership)
 
 
@@ -105,8 +105,8 @@ def _shrink(backend, excluded, flags):
         except BaseException as error:  # noqa: BLE001 - handed to the caller below
             built["error"] = error
 
-    # The build waits for every survivor; a survivor that dies meanwhile is found by the group's pulses
-    # within the loss bound, and the build, left to end on its own, is dropped.
+    # The build waits for every survivor; a survivor that dies meanwhile is found by the group's pulses,
+    # and the build, left to end on its own, is dropped.
     builder = threading.Thread(target=build, name="ringreduce-shrink-build", daemon=True)
     builder.start()
     while builder.is_alive():

@@ -5,6 +5,7 @@ WORLD_SIZE, MASTER_ADDR, MASTER_PORT, or torchrun's). It prints one line of JSON
     hosts_worker.py backend   dist.* calls on init_process_group("ringreduce")
     hosts_worker.py fault     a 64 MiB hierarchical all-reduce while the test cuts a link or kills a host
     hosts_worker.py every     every collective of the backend at 4 KiB and 16 MiB, against closed forms
+    hosts_worker.py stall     all-reduces on the backend while the test stops a host past the loss bound
 """
 
 import datetime
@@ -21,6 +22,8 @@ from reference import R, exact_inputs, reference
 
 # A short group timeout for the fault runs: survivors must raise within it (plus a margin).
 FAULT_TIMEOUT_S = 10
+# How long the survivors of a stall run wait for the stopped ranks to say what they raised.
+TOLD_WAIT_S = 60
 
 
 def check(rank, world):
@@ -126,11 +129,40 @@ def fault(rank, world):
         return {"raised_at": time.time(), "error": str(error)[:2000]}
 
 
+def stall(rank, world):
+    """All-reduces (each checked) until the group fences a stopped host. A survivor shrinks, reduces on
+    the shrunk group and keeps the store up until the fenced ranks have said what they raised."""
+    dist.init_process_group("ringreduce")
+    store = dist.distributed_c10d._get_default_store()
+    calls = 0
+    x = torch.ones(1 << 18)
+    dist.all_reduce(x)
+    print(json.dumps({"ready": rank}), flush=True)
+    try:
+        while True:
+            x = torch.full((1 << 18,), float(rank + calls))
+            dist.all_reduce(x)
+            assert torch.all(x == world * calls + world * (world - 1) / 2), f"call {calls}: {x[0]}"
+            calls += 1
+    except ringreduce.RanksLostError as error:
+        outcome = {"lost": error.lost_ranks, "error": str(error)[:2000], "calls": calls}
+    if rank in outcome["lost"]:
+        store.set(f"told/{rank}", "1")
+        return outcome
+    survivors = [r for r in range(world) if r not in outcome["lost"]]
+    shrunk = ringreduce.shrink(None, outcome["lost"])
+    y = torch.full((100,), float(rank))
+    dist.all_reduce(y, group=shrunk)
+    store.wait([f"told/{r}" for r in outcome["lost"]], datetime.timedelta(seconds=TOLD_WAIT_S))
+    return {**outcome, "after": float(y[0]), "expected": float(sum(survivors))}
+
+
 def main():
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    outcome = {"check": check, "backend": backend, "fault": fault, "every": every}[sys.argv[1]](rank, world)
+    modes = {"check": check, "backend": backend, "fault": fault, "every": every, "stall": stall}
+    outcome = modes[sys.argv[1]](rank, world)
     print(json.dumps({"rank": rank, **outcome}), flush=True)
-    if sys.argv[1] == "fault":
+    if sys.argv[1] in ("fault", "stall"):
         os._exit(0)  # the group is broken and rank 0's store may be gone: no teardown to wait for
     dist.destroy_process_group()
 

@@ -7,6 +7,7 @@ import os
 import queue
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -147,6 +148,42 @@ def test_a_host_killed_makes_the_other_hosts_ranks_raise_naming_a_lost_rank(host
     assert max(delays.values()) < FAULT_TIMEOUT_S + FAULT_MARGIN_S, delays
     lost = PLACEMENTS["2x2"][host]
     assert all(any(f"rank {r}" in e for r in lost) for e in errors.values()), errors
+
+
+# The loss bound of the stall run (RINGREDUCE_LOST_AFTER), and how long host 1 stays stopped: past it.
+STALL_BOUND_S = 3
+STALL_S = 2 * STALL_BOUND_S
+
+
+def test_a_host_stopped_past_the_bound_is_fenced_and_its_ranks_told_when_it_resumes():
+    placement = PLACEMENTS["2x2"]
+    with emulated.EmulatedHosts(2) as hosts, tempfile.TemporaryFile("w+") as errors:
+        procs = hosts.launch([*WORKER, "stall"], placement, env={**ENV, "RINGREDUCE_LOST_AFTER": str(STALL_BOUND_S)},
+                             stdout=subprocess.PIPE, stderr=errors, text=True)
+        lines = queue.Queue()
+        readers = [threading.Thread(target=_reader, args=(proc, lines), daemon=True) for proc in procs]
+        for reader in readers:
+            reader.start()
+        ready = set()
+        while len(ready) < len(procs):
+            ready.add(lines.get(timeout=LAUNCH_TIMEOUT_S)["ready"])
+        time.sleep(0.5)  # inside the all-reduces
+        hosts.stop_host(1)
+        time.sleep(STALL_S)
+        hosts.stop_host(1, stopped=False)
+        for proc in procs:
+            proc.wait(timeout=LAUNCH_TIMEOUT_S)
+        for reader in readers:
+            reader.join(timeout=10)
+        outcomes = {}
+        while not lines.empty():
+            line = lines.get()
+            outcomes[line["rank"]] = line
+        errors.seek(0)
+        assert sorted(outcomes) == [0, 1, 2, 3], errors.read()[-3000:]
+    assert all(o["lost"] == [2, 3] for o in outcomes.values()), outcomes
+    assert [outcomes[r]["after"] for r in (0, 1)] == [1.0, 1.0], outcomes
+    assert all(f"this rank ({r}) was excluded" in outcomes[r]["error"] for r in (2, 3)), outcomes
 
 
 def test_elastic_ddp_goes_on_after_a_host_or_a_rank_dies():

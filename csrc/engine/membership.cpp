@@ -1,5 +1,7 @@
 #include "engine/membership.h"
 
+#include "engine/liveness.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -36,6 +38,14 @@ std::vector<int> decode(const std::string& text) {
   std::istringstream in(text);
   for (std::string part; std::getline(in, part, ',');) ranks.push_back(std::stoi(part));
   return ranks;
+}
+
+std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  if (!text.empty() && text.back() == '\n') lines.emplace_back();  // getline drops a last empty line
+  return lines;
 }
 
 bool contains(const std::vector<int>& ranks, int rank) {
@@ -80,9 +90,11 @@ LivePulses& live_pulses() {
 // at teardown touches nothing freed.
 struct Membership::Pulse {
   std::unique_ptr<Rendezvous> keys;
+  std::unique_ptr<LivenessPort> port;  // what peers on other hosts probe
   int rank = 0;
   std::chrono::milliseconds lost_after{};
-  std::vector<std::int64_t> pids;  // a peer's pid where this process can see it, else -1
+  std::vector<std::int64_t> pids;      // a peer's pid where this process can see it, else -1
+  std::vector<std::string> endpoints;  // else its liveness port, where it has one
 
   std::mutex mutex;
   std::condition_variable changed;
@@ -92,10 +104,12 @@ struct Membership::Pulse {
   std::vector<std::string> seen;         // each rank's pulse as last read
   std::vector<Clock::time_point> moved;  // when it was last seen to change
   std::vector<std::uint64_t> changes;    // how often it was seen to change
-  std::vector<bool> gone;                // its process has exited (peers on this host)
+  std::vector<bool> gone;                // its process is known to be gone (a process never comes back)
+  std::vector<Clock::time_point> probed; // when its liveness port was last probed
   Clock::time_point last_read;           // the last time every pulse was read
   std::string store_error;               // the last store call's failure, while it fails
   int rounds = 0;                        // agreement rounds some survivor has fixed, as last read
+  std::vector<int> agreed;               // the newest round's set
   std::function<void()> wake;
   bool woke = false;
 
@@ -105,6 +119,17 @@ struct Membership::Pulse {
     std::vector<int> ranks;
     for (int peer = 0; peer < static_cast<int>(moved.size()); ++peer) {
       if (peer != rank && (gone[peer] || last_read - moved[peer] > lost_after)) ranks.push_back(peer);
+    }
+    return ranks;
+  }
+  // Peers on other hosts silent long enough to ask their kernel whether they still exist (under `mutex`).
+  std::vector<int> due_for_probe(Clock::time_point now) const {
+    std::vector<int> ranks;
+    for (int peer = 0; peer < static_cast<int>(moved.size()); ++peer) {
+      if (!endpoints[peer].empty() && !gone[peer] && last_read - moved[peer] >= kSuspectAfter &&
+          now - probed[peer] >= kProbeEvery) {
+        ranks.push_back(peer);
+      }
     }
     return ranks;
   }
@@ -123,23 +148,46 @@ struct Membership::Pulse {
   // Whether the pulses have gone unread for lost_after (under `mutex`).
   bool store_gone(Clock::time_point now) const { return now - last_read > lost_after; }
 
+  // Adopts the rounds fixed after `fixed` (store calls; returns the newest and its set in `fixed` and `set`).
+  void read_rounds(int& fixed, std::vector<int>& set) const {
+    while (keys->has(round_key(fixed + 1))) {
+      ++fixed;
+      set = decode(keys->get(round_key(fixed)));
+    }
+  }
+  // Records `suspects` in the round after `fixed`, unless another survivor fixed that round first;
+  // then the next, until some round holds them all. A fenced rank records nothing.
+  void record(const std::vector<int>& suspects, int& fixed, std::vector<int>& set) const {
+    while (!contains(set, rank) && !std::includes(set.begin(), set.end(), suspects.begin(), suspects.end())) {
+      set = decode(keys->set_once(round_key(fixed + 1), encode(merged(set, suspects))));
+      ++fixed;
+      read_rounds(fixed, set);
+    }
+  }
+
   void run() {
     std::uint64_t count = 1;  // the constructor published the first
     std::unique_lock<std::mutex> lock(mutex);
     while (!changed.wait_for(lock, kPulsePeriod, [&] { return stopping; })) {
+      const std::vector<int> suspected = due_for_probe(Clock::now());
+      std::vector<int> set = agreed;  // only this thread writes `agreed` and `rounds`
+      int fixed = rounds;
       lock.unlock();
+      if (port) port->drain();
       std::vector<std::string> read;
       std::string error;
-      int fixed = rounds;  // only this thread writes `rounds`
       try {
         keys->set(pulse_key(rank), std::to_string(++count));
         for (int peer = 0; peer < static_cast<int>(pids.size()); ++peer) read.push_back(keys->get(pulse_key(peer)));
-        while (keys->has(round_key(fixed + 1))) ++fixed;
+        read_rounds(fixed, set);
       } catch (const std::exception& failure) {
         error = failure.what();
       }
       std::vector<bool> exited(pids.size(), false);
       for (std::size_t peer = 0; peer < pids.size(); ++peer) exited[peer] = pids[peer] > 0 && process_gone(pids[peer]);
+      std::vector<std::string> asked;
+      for (int peer : suspected) asked.push_back(endpoints[peer]);
+      const std::vector<Liveness> answers = probe(asked, kProbeWait);
       lock.lock();
       const Clock::time_point now = Clock::now();
       store_error = error;
@@ -156,11 +204,28 @@ struct Membership::Pulse {
           seen[peer] = read[peer];
         }
       }
-      gone = exited;
+      for (std::size_t peer = 0; peer < exited.size(); ++peer) gone[peer] = gone[peer] || exited[peer];
+      for (std::size_t i = 0; i < suspected.size(); ++i) {
+        probed[suspected[i]] = now;
+        gone[suspected[i]] = gone[suspected[i]] || answers[i] == Liveness::Gone;
+      }
+      const std::vector<int> suspects = lost();
+      lock.unlock();
+      // A loss is recorded before anything is cancelled: whatever this rank's transfers then
+      // raise, the agreement finds it (a peer that resumes later changes nothing).
+      if (error.empty() && !suspects.empty()) {
+        try {
+          record(suspects, fixed, set);
+        } catch (const std::exception&) {
+          // The store failed meanwhile: nothing recorded, nothing cancelled; the next pulse tries again.
+        }
+      }
+      lock.lock();
       rounds = fixed;
+      agreed = set;
       changed.notify_all();
-      // A loss seen here, or one another survivor found (a rank waiting on a live peer learns it here).
-      if (!woke && (!lost().empty() || rounds > 0) && wake) {
+      // A loss recorded, here or by another survivor (a rank waiting on a live peer learns it here).
+      if (!woke && rounds > 0 && wake) {
         woke = true;
         const std::function<void()> call = wake;
         lock.unlock();
@@ -176,29 +241,48 @@ struct Membership::Pulse {
 };
 
 Membership::Membership(std::unique_ptr<Rendezvous> pulse_keys, std::unique_ptr<Rendezvous> keys, int rank, int size,
-                       const std::string& host, std::chrono::milliseconds lost_after, std::chrono::milliseconds timeout)
+                       const std::string& host, const std::string& probe_address, std::chrono::milliseconds lost_after,
+                       std::chrono::milliseconds timeout)
     : rank_(rank), size_(size), lost_after_(lost_after), timeout_(timeout), keys_(std::move(keys)),
       pulse_(std::make_shared<Pulse>()) {
+  Pulse& pulse = *pulse_;
+  pulse.port = std::make_unique<LivenessPort>();
+  // A member is "<host>\n<pid namespace>\n<pid>\n<network>\n<liveness port>\n<probe address>".
+  const std::string process = detail::concat(host, "\n", own_pid_namespace(), "\n");
+  const std::string network = own_network();
   // The setup waits for the others as long as the store lets it: on the pulse thread's handle, as
   // `keys` may bound every call (a failure path must not wait minutes for a store gone with a link).
-  const std::string process = detail::concat(host, "\n", own_pid_namespace(), "\n");
-  pulse_keys->set(member_key(rank), process + std::to_string(::getpid()));
+  pulse_keys->set(member_key(rank), detail::concat(process, ::getpid(), "\n", network, "\n", pulse.port->port(), "\n",
+                                                   probe_address));
   pulse_keys->set(pulse_key(rank), "1");
-  Pulse& pulse = *pulse_;
   pulse.keys = std::move(pulse_keys);
   pulse.rank = rank;
   pulse.lost_after = lost_after;
   pulse.pids.assign(size, -1);
+  pulse.endpoints.assign(size, "");
   for (int peer = 0; peer < size; ++peer) {
-    const std::string theirs = pulse.keys->get(member_key(peer));
-    if (peer != rank && theirs.compare(0, process.size(), process) == 0) {
-      pulse.pids[peer] = std::stoll(theirs.substr(process.size()));
-    }
+    const std::vector<std::string> theirs = split_lines(pulse.keys->get(member_key(peer)));
+    RR_CHECK(theirs.size() == 6, "rank ", peer, "'s membership record is malformed (a different ringreduce version?)");
+    if (peer == rank) continue;
+    if (theirs[0] == host && theirs[1] == std::to_string(own_pid_namespace())) {
+      pulse.pids[peer] = std::stoll(theirs[2]);  // its pid says whether it exists
+    } else if (!network.empty() && theirs[3] == network) {
+      pulse.endpoints[peer] = "127.0.0.1 " + theirs[4];  // one loopback
+    } else if (!theirs[5].empty()) {
+      pulse.endpoints[peer] = theirs[5] + " " + theirs[4];
+    }  // else silence is all there is to go by
+  }
+  // A refusal is evidence only from a port seen to answer: where a firewall rejects the probes (or
+  // they never arrive), those peers are found by silence instead, not wrongly found gone.
+  const std::vector<Liveness> reachable = probe(pulse.endpoints, kProbeWait);
+  for (int peer = 0; peer < size; ++peer) {
+    if (reachable[peer] != Liveness::Exists) pulse.endpoints[peer].clear();
   }
   pulse.seen.assign(size, "");
   pulse.moved.assign(size, Clock::now());
   pulse.changes.assign(size, 0);
   pulse.gone.assign(size, false);
+  pulse.probed.assign(size, Clock::now());
   pulse.last_read = Clock::now();
   {
     LivePulses& live = live_pulses();
@@ -221,14 +305,19 @@ void Membership::on_loss(std::function<void()> wake) {
   pulse_->wake = std::move(wake);
 }
 
-void Membership::catch_up() {
+void Membership::adopt_rounds() {
   while (keys_->has(round_key(round_ + 1))) {
     ++round_;
     lost_ = decode(keys_->get(round_key(round_)));
   }
+}
+
+void Membership::catch_up() {
+  adopt_rounds();
   if (contains(lost_, rank_)) {
-    raise_lost(lost_, detail::concat("the other ranks found this rank (", rank_, ") lost: its pulse stopped for more than ",
-                              lost_after_.count(), " ms (a process stopped, or too slow a store); it cannot rejoin"));
+    raise_lost(lost_, detail::concat("this rank (", rank_, ") was excluded: the other ranks found it lost, silent for more "
+                                     "than ", lost_after_.count() / 1000.0, " s (", kLostAfterEnv, "; a process or "
+                                     "host stopped, or cut off), and went on without it; it cannot rejoin"));
   }
 }
 
@@ -399,7 +488,7 @@ std::pair<int, int> Membership::roll_call(const std::vector<int>& excluded) {
 
 std::vector<int> Membership::lost_now() {
   const std::lock_guard<std::mutex> agreement(mutex_);
-  catch_up();
+  adopt_rounds();
   return lost_;
 }
 

@@ -1,12 +1,15 @@
 // Who in a group is still there, and the survivors' one answer to "who is lost?".
 //
 // Every rank pulses: a thread sets the rank's counter in the group's store every kPulsePeriod and
-// reads everybody's. A peer whose counter has not moved for `lost_after`, or whose process is gone
-// (a peer on this host), is lost. After a failure the survivors agree on the lost ranks through
-// the store, in numbered rounds: the first survivor to name a set for a round fixes it (set_once),
-// each round's set holds the last one's, and every survivor adopts the newest round it finds. A
-// death during the agreement or the shrink that follows opens the next round. This is ULFM's
-// revoke, agree and shrink over a store; the store itself must outlive every rank that dies.
+// reads everybody's. A peer is lost on evidence that its process is gone (its pid, on this host;
+// its liveness port refused, on another: engine/liveness.h), or after `lost_after` of silence,
+// whatever its process does: a rank stopped for less is forgiven, one stopped for longer is fenced
+// and told so when it resumes. The thread that finds a loss records it before it cancels anything.
+// The survivors agree on the lost ranks through the store, in numbered rounds: the first survivor
+// to name a set for a round fixes it (set_once), each round's set holds the last one's, and every
+// survivor adopts the newest round it finds. A death during the agreement or the shrink that
+// follows opens the next round. This is ULFM's revoke, agree and shrink over a store; the store
+// itself must outlive every rank that dies.
 #pragma once
 
 #include <chrono>
@@ -28,11 +31,18 @@ namespace ringreduce {
 // millisecond here (a few across the emulated hosts), so 8 ranks cost the store about 64 reads and
 // 32 writes a second, and a silence of lost_after spans 6 missed pulses by default.
 constexpr std::chrono::milliseconds kPulsePeriod{250};
-// A peer silent this long is lost (RINGREDUCE_LOST_AFTER, seconds). With a pulse read every
-// kPulsePeriod, a loss is seen within 1.75 s, inside the 2 s a survivor may wait to learn of it;
-// a live rank's pulse thread needs no GIL and no progress of the training loop, so only a process
-// stopped for 1.5 s (or a store that slow) looks lost.
-constexpr std::chrono::milliseconds kDefaultLostAfter{1500};
+// A peer silent this long is lost though nothing says its process is gone (RINGREDUCE_LOST_AFTER,
+// seconds): a whole host cut off, or a process stopped that long. The anchors wait 5 s (torchft's
+// lighthouse), 10 s (Open MPI ULFM's detector, whose docs warn that shorter values cause false
+// suspicions), 15 s (torchrun's rendezvous) and 60 s (NCCL's RAS). Processes do stop for seconds
+// while alive (swap, a debugger attach, a cgroup freeze, a VM pause): ULFM's 10 s forgives a
+// 5 s stop with room to spare, and a death with evidence is named within about 2 s regardless.
+constexpr std::chrono::milliseconds kDefaultLostAfter{10000};
+// A peer on another host silent this long has its liveness port probed, once every kProbeEvery:
+// four missed pulses, which a live, running rank does not miss (its pulse thread needs no GIL),
+// so a killed rank is named within about 1.5 s of its last pulse plus the agreement.
+constexpr std::chrono::milliseconds kSuspectAfter{1000};
+constexpr std::chrono::milliseconds kProbeEvery{1000};
 constexpr const char* kLostAfterEnv = "RINGREDUCE_LOST_AFTER";
 // How long the pulse thread may take to stop at teardown before it is left to end on its own (a
 // store call to a store that is gone blocks until the store's own timeout).
@@ -49,12 +59,15 @@ void stop_every_pulse();
 class Membership {
  public:
   // Collective over the group: publishes this rank's process (`host` says which processes can see
-  // each other's pids) and first pulse, and waits for every rank's. `pulse_keys` and `keys` are two
+  // each other's pids), its liveness port (which the others probe on `probe_address`, the address
+  // they reach this host by, or on 127.0.0.1 from the same network namespace; with neither, a rank
+  // on another host is lost by silence only) and first pulse, and waits for every rank's. `pulse_keys` and `keys` are two
   // handles on one store (the pulse thread's calls never queue behind a waiting get); `keys`, used
   // on failure paths, should bound each call (BoundedRendezvous). `timeout` bounds a shrink's roll
   // call.
   Membership(std::unique_ptr<Rendezvous> pulse_keys, std::unique_ptr<Rendezvous> keys, int rank, int size,
-             const std::string& host, std::chrono::milliseconds lost_after, std::chrono::milliseconds timeout);
+             const std::string& host, const std::string& probe_address, std::chrono::milliseconds lost_after,
+             std::chrono::milliseconds timeout);
   ~Membership();
   Membership(const Membership&) = delete;
   Membership& operator=(const Membership&) = delete;
@@ -63,9 +76,9 @@ class Membership {
   int size() const { return size_; }
   std::chrono::milliseconds lost_after() const { return lost_after_; }
 
-  // Called on the pulse thread when it first finds a peer lost, or a loss agreed by others: the
-  // owner cancels the transfers that wait (for the lost rank, or for a survivor that has stopped
-  // on the failure). Null to stop (before the owner goes).
+  // Called on the pulse thread once a loss is recorded (by this rank or another): the owner cancels
+  // the transfers that wait (for the lost rank, or for a survivor that has stopped on the
+  // failure). Null to stop (before the owner goes).
   void on_loss(std::function<void()> wake);
 
   // After a failure: waits until every peer has either pulsed since `failed_at` (alive) or is lost
@@ -78,8 +91,8 @@ class Membership {
   // the agreed set (what a shrink checks while the survivors build the shrunk group).
   std::vector<int> poll_loss();
 
-  // The lost ranks agreed so far (empty before any loss), after adopting any round other survivors have
-  // fixed since (reads the store).
+  // The lost ranks agreed so far (empty before any loss; this rank among them if it was fenced),
+  // after adopting any round other survivors have fixed since (reads the store).
   std::vector<int> lost_now();
 
   // Before a shrink that leaves out `excluded` (sorted): checks it against the agreed loss (raising
@@ -96,7 +109,9 @@ class Membership {
  private:
   // agree_on_loss, whose store failures that call names as the store's.
   std::vector<int> agree(std::chrono::steady_clock::time_point failed_at);
-  // Adopts the newest round some survivor has fixed; raises if it holds this rank.
+  // Adopts the newest round some survivor has fixed.
+  void adopt_rounds();
+  // adopt_rounds, then raises if the round holds this rank.
   void catch_up();
   // Fixes `lost` for the round after ours, unless another survivor fixed that round first; adopts it.
   void propose(const std::vector<int>& lost);

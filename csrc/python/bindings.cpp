@@ -370,17 +370,17 @@ PYBIND11_MODULE(_C, m) {
   py::class_<Membership, std::shared_ptr<Membership>>(
       m, "Membership", "Who in a group is still there: pulses through the group's store (engine/membership.h).")
       .def(py::init([](c10d::Store& pulse_store, c10d::Store& store, int rank, int size, const std::string& host,
-                       double timeout_s) {
+                       const std::string& probe_address, double timeout_s) {
              return std::make_shared<Membership>(
                  std::make_unique<StoreRendezvous>(pulse_store),
                  std::make_unique<BoundedRendezvous>(std::make_shared<StoreRendezvous>(store), kStoreReplyLimit), rank,
-                 size, host,
-                                                 lost_after_from_env(), to_millis(timeout_s));
+                 size, host, probe_address, lost_after_from_env(), to_millis(timeout_s));
            }),
            py::arg("pulse_store"), py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("host"),
-           py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>(),
+           py::arg("probe_address"), py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>(),
            "Collective over the group. `pulse_store`: a second connection to `store` (store.clone()) for the pulse "
-           "thread; `host`: the process's host identity. RINGREDUCE_LOST_AFTER sets the loss bound.")
+           "thread; `host`: the process's host identity; `probe_address`: the address other hosts reach this one "
+           "by, on which they probe its liveness port (\"\": none). RINGREDUCE_LOST_AFTER sets the loss bound.")
       .def_property_readonly(
           "lost",
           [](Membership& membership) {

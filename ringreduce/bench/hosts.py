@@ -185,6 +185,12 @@ class EmulatedHosts:
         holder = str(self._holders[host].pid)
         self._signal(signal.SIGKILL, [p for p in self._procs if p.args[2] == holder])
 
+    def stop_host(self, host, stopped=True):
+        """Every process of host `host` stopped (SIGSTOP), as a VM paused or a cgroup frozen; continued
+        (SIGCONT) with stopped=False. Its kernel still answers: the link stays up."""
+        holder = str(self._holders[host].pid)
+        self._signal(signal.SIGSTOP if stopped else signal.SIGCONT, [p for p in self._procs if p.args[2] == holder])
+
     def _signal(self, signum, procs):
         for proc in procs:
             if proc.poll() is None:
