@@ -15,6 +15,7 @@ When ranks die, every survivor raises ringreduce.RanksLostError naming them, and
 
 import datetime
 import os
+import signal
 import threading
 
 import torch
@@ -37,6 +38,9 @@ SHRINK_BUILD_TIMEOUT_S = 10.0
 # How often a shrink looks at the group's pulses while the shrunk group is built: a store read per
 # look, against deaths found within about 0.5-1.5 s.
 SHRINK_WATCH_POLL_S = 0.05
+# Test-only: the point of a shrink at which this process kills itself ("built": after its build,
+# before the survivors' vote; "voted": after a vote that committed). The tests use it to land a death between the build and the commit.
+TESTING_DIE_IN_SHRINK_ENV = "RINGREDUCE_TESTING_DIE_IN_SHRINK"
 
 
 def _create(store, rank, size, timeout, build_timeout_s=None):
@@ -111,16 +115,29 @@ def _shrink(backend, excluded, flags):
     builder.start()
     while builder.is_alive():
         builder.join(SHRINK_WATCH_POLL_S)
-        lost = backend.membership.poll_loss() if builder.is_alive() else backend.membership.lost
-        if lost != list(excluded):
-            raise _lost_while_building(backend, lost)
-    if "error" in built:
+        if builder.is_alive() and backend.membership.poll_loss() != list(excluded):
+            break
+    _testing_stop_point("built")
+    # Every survivor uses the shrunk group, or none does: a death during the build or the vote
+    # leaves all of them retrying on the old group.
+    if not backend.membership.decide_shrink(round_, attempt, list(excluded), "backend" in built):
         lost = backend.membership.agree_on_loss()
         if lost != list(excluded):
-            raise _lost_while_building(backend, lost) from built["error"]
-        raise built["error"]
+            raise _lost_while_building(backend, lost) from built.get("error")
+        if "error" in built:
+            raise built["error"]
+        raise RuntimeError(f"ringreduce: rank {backend.rank()}: another survivor could not build the shrunk group "
+                           f"without {excluded}; nothing changed, call shrink_group({excluded}) again")
+    _testing_stop_point("voted")
     store.set_timeout(datetime.timedelta(seconds=backend.timeout_s))  # later waits (NCCL made on first use)
     return built["backend"]
+
+
+def _testing_stop_point(point):
+    """Test-only: SIGKILLs this process at `point` of a shrink when RINGREDUCE_TESTING_DIE_IN_SHRINK names
+    it, so that a test can kill a survivor between its build and the vote."""
+    if os.environ.get(TESTING_DIE_IN_SHRINK_ENV) == point:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _lost_while_building(backend, lost):

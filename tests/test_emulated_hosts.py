@@ -155,7 +155,10 @@ STALL_BOUND_S = 3
 STALL_S = 2 * STALL_BOUND_S
 
 
-def test_a_host_stopped_past_the_bound_is_fenced_and_its_ranks_told_when_it_resumes():
+# "stop": its processes stopped (its kernel still answers the others' probes); "cut": its link
+# down (the probes go unanswered).
+@pytest.mark.parametrize("how", ["stop", "cut"])
+def test_a_host_stopped_past_the_bound_is_fenced_and_its_ranks_told_when_it_resumes(how):
     placement = PLACEMENTS["2x2"]
     with emulated.EmulatedHosts(2) as hosts, tempfile.TemporaryFile("w+") as errors:
         procs = hosts.launch([*WORKER, "stall"], placement, env={**ENV, "RINGREDUCE_LOST_AFTER": str(STALL_BOUND_S)},
@@ -168,9 +171,11 @@ def test_a_host_stopped_past_the_bound_is_fenced_and_its_ranks_told_when_it_resu
         while len(ready) < len(procs):
             ready.add(lines.get(timeout=LAUNCH_TIMEOUT_S)["ready"])
         time.sleep(0.5)  # inside the all-reduces
-        hosts.stop_host(1)
+        pause, resume = {"stop": (lambda: hosts.stop_host(1), lambda: hosts.stop_host(1, stopped=False)),
+                         "cut": (lambda: hosts.set_link(1, up=False), lambda: hosts.set_link(1, up=True))}[how]
+        pause()
         time.sleep(STALL_S)
-        hosts.stop_host(1, stopped=False)
+        resume()
         for proc in procs:
             proc.wait(timeout=LAUNCH_TIMEOUT_S)
         for reader in readers:

@@ -99,8 +99,10 @@ def test_a_rank_stopped_past_the_bound_is_fenced_and_told_when_it_resumes(transp
     assert [r["lost"] for r in results] == [[2]] * 3, results
     assert [r["after"] for r in results[:2]] == [3.0, 3.0], results
     assert "this rank (2) was excluded" in results[2]["error"], results[2]
-    # Whatever calls completed before the fence completed alike, and right.
-    assert results[0]["sums"] == results[1]["sums"] and all(results[0]["sums"]), results
+    # Every call that completed was right. The call the fence interrupted may have completed on one
+    # survivor and not the other (its last transfers had arrived): at most one call apart.
+    assert all(all(r["sums"]) for r in results), results
+    assert abs(len(results[0]["sums"]) - len(results[1]["sums"])) <= 1, results
 
 
 def _killed(rank, world):

@@ -14,11 +14,16 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Readings further apart than this are a gap (see Pulse::run): two periods.
-constexpr std::chrono::milliseconds kReadGap = 2 * kPulsePeriod;
+// Readings further apart than this are a gap (see Pulse::run): two periods, and the wait of a probe
+// of a host that does not answer (which the pulse thread makes between readings).
+constexpr std::chrono::milliseconds kReadGap = 2 * kPulsePeriod + kProbeWait;
 // How often a caller waiting on the agreement or the roll call looks again: a few store reads, so
 // a survivor joins the others within a fraction of a pulse.
 constexpr std::chrono::milliseconds kAgreementPoll{20};
+
+// A shrink's outcome, as fixed by its first survivor to decide.
+constexpr const char* kCommit = "commit";
+constexpr const char* kAbort = "abort";
 
 std::string pulse_key(int rank) { return detail::concat("pulse/", rank); }
 std::string member_key(int rank) { return detail::concat("member/", rank); }
@@ -380,9 +385,10 @@ std::vector<int> Membership::agree(Clock::time_point failed_at) {
     }
     if (suspects.size() > lost_.size()) {
       propose(suspects);
-      if (std::includes(lost_.begin(), lost_.end(), suspects.begin(), suspects.end())) return lost_;
-      continue;  // a round fixed by another survivor without some of ours: the next one adds them
+      continue;  // a round fixed by another survivor may lack some of ours: the next one adds them
     }
+    // Not before every peer is heard from or lost: a survivor that answered at its first loss could
+    // name fewer ranks than one that saw a second death a moment later.
     if (all_heard || Clock::now() > deadline) return lost_;
     std::unique_lock<std::mutex> lock(pulse_->mutex);
     pulse_->changed.wait_for(lock, kAgreementPoll);
@@ -484,6 +490,26 @@ std::pair<int, int> Membership::roll_call(const std::vector<int>& excluded) {
     }
   }
   return {round, attempt};
+}
+
+bool Membership::decide_shrink(int round, int attempt, const std::vector<int>& excluded, bool built) {
+  const std::string attempt_keys = detail::concat("shrink/", round, ".", attempt, "/");
+  const std::string decision_key = attempt_keys + "decision";
+  const auto decide = [&](const char* outcome) { return keys_->set_once(decision_key, outcome) == kCommit; };
+  if (!built) return decide(kAbort);
+  keys_->set(detail::concat(attempt_keys, "built/", rank_), "1");
+  const std::vector<int> expected = merged({}, excluded);
+  const Clock::time_point deadline = Clock::now() + timeout_;
+  for (;;) {
+    if (keys_->has(decision_key)) return keys_->get(decision_key) == kCommit;
+    bool all_built = true;
+    for (int peer = 0; peer < size_ && all_built; ++peer) {
+      all_built = contains(expected, peer) || keys_->has(detail::concat(attempt_keys, "built/", peer));
+    }
+    if (all_built) return decide(kCommit);
+    if (poll_loss() != expected || Clock::now() > deadline) return decide(kAbort);
+    std::this_thread::sleep_for(kAgreementPoll);
+  }
 }
 
 std::vector<int> Membership::lost_now() {

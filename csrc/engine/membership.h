@@ -101,6 +101,13 @@ class Membership {
   // in that round, the same on every survivor, which name the shrunk group's keys.
   std::pair<int, int> roll_call(const std::vector<int>& excluded);
 
+  // After the survivors of (round, attempt) (a roll_call's answer) each built the shrunk group or
+  // failed to: one outcome for all. Each says whether its part is `built`; the first to decide fixes
+  // the outcome (set_once), and every survivor follows it. Commit once every survivor has built;
+  // abort at once when this one has not, when a rank beyond `excluded` is lost meanwhile, or after
+  // the timeout. Returns whether the shrunk group is committed, the same on every survivor.
+  bool decide_shrink(int round, int attempt, const std::vector<int>& excluded, bool built);
+
   // Raises RanksLostError for `lost`, saying `why`.
   [[noreturn]] void raise_lost(const std::vector<int>& lost, const std::string& why) const;
 

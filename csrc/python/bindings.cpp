@@ -398,7 +398,11 @@ PYBIND11_MODULE(_C, m) {
       .def("poll_loss", &Membership::poll_loss, py::call_guard<py::gil_scoped_release>(),
            "Without waiting: opens the next round if more ranks are lost; returns the agreed lost ranks.")
       .def("roll_call", &Membership::roll_call, py::arg("excluded"), py::call_guard<py::gil_scoped_release>(),
-           "Before a shrink leaving out `excluded` (sorted): checks it and waits for every survivor; returns the round.");
+           "Before a shrink leaving out `excluded` (sorted): checks it and waits for every survivor; returns the round.")
+      .def("decide_shrink", &Membership::decide_shrink, py::arg("round"), py::arg("attempt"), py::arg("excluded"),
+           py::arg("built"), py::call_guard<py::gil_scoped_release>(),
+           "After the survivors built (or failed to build) the shrunk group of (round, attempt): whether it is "
+           "committed, the same on every survivor.");
 
   py::class_<RingReduceBackend, c10d::Backend, c10::intrusive_ptr<RingReduceBackend>>(
       m, "Backend", "The torch.distributed backend \"ringreduce\" (registered by ringreduce.backend).")
