@@ -14,6 +14,7 @@ import tempfile
 import time
 import traceback
 
+import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from multiprocessing import reduction
@@ -194,3 +195,17 @@ def run_ranks(world, fn, *args, timeout=DEFAULT_RANKS_TIMEOUT_S, env=None, dying
     if failures:
         raise AssertionError("\n".join(failures))
     return [outcomes[r][1] for r in range(world)]
+
+
+def kill_after_first_call(rank, world, victims):
+    """Inside a rank of run_ranks: every rank all-reduces once; then, once every rank is out of that
+    call, rank 0 SIGKILLs the ranks `victims` (at once). Returns the group's store."""
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"pid/{rank}", str(os.getpid()))
+    dist.all_reduce(torch.ones(1000))
+    store.set(f"ready/{rank}", "1")
+    if rank == 0:
+        store.wait([f"ready/{r}" for r in range(world)])
+        for victim in victims:
+            os.kill(int(store.get(f"pid/{victim}")), signal.SIGKILL)
+    return store

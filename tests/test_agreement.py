@@ -3,8 +3,6 @@ every survivor, and a death during a shrink (between a survivor's build and the 
 the vote) leaves every survivor on one group, never two."""
 
 import functools
-import os
-import signal
 
 import pytest
 import torch
@@ -12,7 +10,7 @@ import torch.distributed as dist
 
 import ringreduce
 from ringreduce.backend import TESTING_DIE_IN_SHRINK_ENV
-from multiproc import run_ranks
+from multiproc import kill_after_first_call, run_ranks
 
 
 def _two_hosts(rank):
@@ -20,15 +18,9 @@ def _two_hosts(rank):
 
 
 def _two_die_together(rank, world):
-    store = dist.distributed_c10d._get_default_store()
-    store.set(f"pid/{rank}", str(os.getpid()))
+    # One on each host, at once: each host's survivor sees its own neighbour's pid go first.
+    kill_after_first_call(rank, world, (1, 3))
     t = torch.full((1 << 16,), 1.0)
-    dist.all_reduce(t)
-    store.set(f"ready/{rank}", "1")
-    if rank == 0:  # one on each host, at once: each host's survivor sees its own neighbour's pid go first
-        store.wait([f"ready/{r}" for r in range(world)])  # once every rank is out of the first call
-        for dying in (1, 3):
-            os.kill(int(store.get(f"pid/{dying}")), signal.SIGKILL)
     with pytest.raises(ringreduce.RanksLostError) as caught:
         while True:
             dist.all_reduce(t)
@@ -45,14 +37,7 @@ def test_two_ranks_that_die_together_on_two_hosts_are_named_alike_by_every_survi
 
 
 def _die_in_the_shrink(rank, world):
-    store = dist.distributed_c10d._get_default_store()
-    store.set(f"pid/{rank}", str(os.getpid()))
-    t = torch.ones(1000)
-    dist.all_reduce(t)
-    store.set(f"ready/{rank}", "1")
-    if rank == 0:
-        store.wait([f"ready/{r}" for r in range(world)])  # once every rank is out of the first call
-        os.kill(int(store.get(f"pid/{world - 1}")), signal.SIGKILL)
+    kill_after_first_call(rank, world, (world - 1,))
     group = None
     lost = []
     shrinks = 0

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 import ringreduce
-from multiproc import run_ranks
+from multiproc import kill_after_first_call, run_ranks
 
 # Elements per all-reduce while a rank is stopped inside the calls: 4 MiB, a few ms each on shm.
 CALL_NUMEL = 1 << 20
@@ -106,14 +106,8 @@ def test_a_rank_stopped_past_the_bound_is_fenced_and_told_when_it_resumes(transp
 
 
 def _killed(rank, world):
-    store = dist.distributed_c10d._get_default_store()
-    store.set(f"pid/{rank}", str(os.getpid()))
+    kill_after_first_call(rank, world, (world - 1,))
     x = torch.ones(1000)
-    dist.all_reduce(x)
-    store.set(f"ready/{rank}", "1")
-    if rank == 0:
-        store.wait([f"ready/{r}" for r in range(world)])  # once every rank is out of the first call
-        os.kill(int(store.get(f"pid/{world - 1}")), signal.SIGKILL)
     killed_at = time.monotonic()
     with pytest.raises(ringreduce.RanksLostError) as caught:
         while True:
