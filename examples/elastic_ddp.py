@@ -3,6 +3,7 @@ on from the last step they all hold, with no checkpoint and no restart.
 
     python examples/elastic_ddp.py --kill-rank 3 --kill-step 20 --plot elastic.png   # 4 CPU ranks here
     python examples/elastic_ddp.py --trials 50               # kills at random ranks, steps and moments
+    python examples/elastic_ddp.py --trials 20 --optimizer adam
     # Several hosts: on each host h of H, host 0's address and a free port (host 0 keeps the store):
     python examples/elastic_ddp.py --nnodes H --node-rank h --master-addr A --master-port P --kill-node 1
     # The same on 2 emulated hosts of 2 ranks (root; ringreduce.bench.hosts), a host or a rank killed:
@@ -14,11 +15,12 @@ rank ends alone. Host 0's launcher keeps the group's store (a TCPStore): the sto
 the group cannot lose, so it lives outside every rank.
 
 Recovery: every survivor raises a DistBackendError (ringreduce.RanksLostError) naming the same lost
-ranks, shrinks the default group (ringreduce.shrink), and builds DDP again on it, which copies rank
-0's parameters to all. In synchronous DDP the survivors hold identical parameters after every step,
-so nothing is lost but the step in flight, which is done again. Every rank keeps its batch size, so
-the global batch shrinks with the group, and the learning rate follows it (the linear scaling rule:
-lr in proportion to the global batch), so each sample weighs as much after the fault as before.
+ranks, shrinks the default group (ringreduce.shrink), adopts the parameters, optimizer state and
+step of the survivor furthest ahead (ringreduce.sync_state: a death can let some survivors finish
+the step in flight while others fail it), and builds DDP again on the shrunk group. Nothing is lost
+but the step in flight where no survivor finished it, and that is done again. Every rank keeps its
+batch size, so the global batch shrinks with the group, and the learning rate follows it (the linear
+scaling rule: lr in proportion to the global batch), so each sample weighs as much after the fault.
 """
 
 import argparse
@@ -31,6 +33,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 import torch
@@ -42,9 +45,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import ringreduce
 
 FEATURES, HIDDEN, CLASSES, SAMPLES = 32, 256, 10, 8192
-# Where in a step a rank dies: while its peers wait for it in the backward's all-reduce, or between
-# two steps (its peers find out in the next step's first collective).
-KILL_POINTS = ("backward", "between")
+# Where in a step a rank dies: while its peers wait for it in the backward's all-reduce, between two
+# steps (its peers find out in the next step's first collective), or at a random instant of the step
+# (anywhere: the forward, an all-reduce half done, the optimizer's step).
+KILL_POINTS = ("backward", "between", "instant")
+# The random instant is up to this long after the kill step starts: about ten steps here (about 2 ms
+# a step, 4 CPU ranks), so the kill lands at any point of a step, the optimizer's too.
+INSTANT_WITHIN_S = 0.02
 # Store ports of the jobs on emulated hosts: one per trial, so a port still closing is never reused.
 FIRST_TRIAL_PORT = 29600
 
@@ -79,18 +86,21 @@ def train(local, args):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
     ddp = DDP(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    optimizer = (torch.optim.Adam(model.parameters(), lr=args.lr / 10) if args.optimizer == "adam" else
+                 torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9))
     loss_fn = nn.CrossEntropyLoss()
     losses, done, fault_step, recovered = [], 0, None, None
     while done < args.steps:
         if dying and done == args.kill_step and args.kill_point == "between":
             die(store, "between")
+        if dying and done == args.kill_step and args.kill_point == "instant":
+            threading.Timer(args.kill_delay, die, (store, "instant")).start()
         try:
             group_rank, group_size = dist.get_rank(), dist.get_world_size()
             picks = torch.randint(SAMPLES, (args.batch,), generator=torch.Generator().manual_seed(done * 1000 + group_rank))
             optimizer.zero_grad()
             loss = loss_fn(ddp(inputs[picks]), labels[picks])
-            if dying and done == args.kill_step:
+            if dying and done == args.kill_step and args.kill_point == "backward":
                 die(store, "backward")
             loss.backward()
             optimizer.step()
@@ -105,10 +115,8 @@ def train(local, args):
                     break
                 except ringreduce.RanksLostError as more:  # another rank died meanwhile
                     lost = more.lost_ranks
-            ddp = DDP(model)  # rank 0's parameters, on the shrunk group
-            held = torch.tensor([done])
-            dist.broadcast(held, 0)  # the step rank 0 completed last (parameters are rank 0's too)
-            done = int(held)
+            done = ringreduce.sync_state(done, model, optimizer)  # the state of the survivor furthest ahead
+            ddp = DDP(model)
             for param_group in optimizer.param_groups:
                 param_group["lr"] *= dist.get_world_size() / old_size
             recovered = "pending"
@@ -117,10 +125,22 @@ def train(local, args):
         done += 1
         if recovered == "pending":
             recovered = time.time() - json.loads(store.get("fault"))["time"]
-    digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
     store.set(f"result/{rank}", json.dumps({"losses": losses, "fault_step": fault_step, "recovery_s": recovered,
-                                            "world": dist.get_world_size(), "params": digest}))
+                                            "world": dist.get_world_size(), "state": state_digest(done, model, optimizer)}))
     dist.destroy_process_group()
+
+
+def state_digest(done, model, optimizer):
+    """A hash of every bit of the step, the parameters and the optimizer's state (momentum, Adam's moments)."""
+    def bits(state):
+        if isinstance(state, torch.Tensor):
+            return state.detach().reshape(-1).view(torch.uint8).numpy().tobytes()
+        if isinstance(state, dict):
+            return b"".join(repr(key).encode() + bits(value) for key, value in state.items())
+        if isinstance(state, (list, tuple)):
+            return b"".join(bits(value) for value in state)
+        return repr(state).encode()
+    return hashlib.sha256(bits([done, model.state_dict(), optimizer.state_dict()])).hexdigest()
 
 
 def run(args):
@@ -154,8 +174,8 @@ def check(summary, args):
     problems = []
     if sorted(results) != survivors:
         problems.append(f"results from ranks {sorted(results)}, survivors are {survivors}")
-    if len({r["params"] for r in results.values()}) > 1:
-        problems.append("survivors' parameters differ")
+    if len({r["state"] for r in results.values()}) > 1:
+        problems.append("survivors' step, parameters or optimizer state differ")
     for rank, result in results.items():
         if result["recovery_s"] is None or result["world"] != len(survivors):
             problems.append(f"rank {rank} did not recover onto {len(survivors)} ranks: {result}")
@@ -194,7 +214,7 @@ def run_on_emulated_hosts(args, hosts, port):
     procs = [hosts.start(h, [sys.executable, os.path.abspath(__file__), "--nnodes", str(hosts.count), "--node-rank",
                              str(h), "--nproc", str(args.nproc), "--master-addr", hosts.address(0), "--master-port",
                              str(port), "--steps", str(args.steps), "--kill-step", str(args.kill_step), "--kill-point",
-                             args.kill_point, "--summary", *kill], stdout=subprocess.PIPE, text=True)
+                             args.kill_point, "--optimizer", args.optimizer, "--kill-delay", str(args.kill_delay), "--summary", *kill], stdout=subprocess.PIPE, text=True)
              for h in range(hosts.count)]
     outputs = [proc.communicate(timeout=args.timeout)[0] for proc in procs]
     lines = [line for line in outputs[0].splitlines() if line.startswith("{")]
@@ -208,7 +228,7 @@ def run_on_emulated_hosts(args, hosts, port):
 def trials(args):
     """Kills at random ranks (or hosts), steps and moments; prints how many finished and their recovery times."""
     rng = random.Random(args.seed)
-    times, failed = [], []
+    times, failed, apart = [], [], []
     hosts = None
     if args.emulated_hosts:
         from ringreduce.bench.hosts import EmulatedHosts
@@ -216,23 +236,26 @@ def trials(args):
         args.nnodes = args.emulated_hosts
     try:
         for trial in range(args.trials):
-            run_trial(args, rng, hosts, trial, times, failed)
+            run_trial(args, rng, hosts, trial, times, failed, apart)
     finally:
         if hosts is not None:
             hosts.close()
     print(f"{len(times)} of {args.trials} trials finished; recovery s: min {min(times):.2f}, median "
           f"{statistics.median(times):.2f}, max {max(times):.2f}" if times else f"0 of {args.trials} finished")
+    print(f"in {len(apart)} of them the survivors were a step apart when they caught the fault (trials {apart}); "
+          "sync_state made them one")
     for failure in failed:
         print("failed:", failure)
     return not failed
 
 
-def run_trial(args, rng, hosts, trial, times, failed):
+def run_trial(args, rng, hosts, trial, times, failed, apart):
     """One job with a random kill: a rank, or (on several hosts, one trial in two) a whole host but host 0."""
     args.kill_node = rng.randrange(1, args.nnodes) if args.nnodes > 1 and rng.random() < 0.5 else None
     args.kill_rank = None if args.kill_node is not None else rng.randrange(args.nproc * args.nnodes)
     args.kill_step = rng.randrange(1, args.steps - 5)
     args.kill_point = rng.choice(KILL_POINTS)
+    args.kill_delay = rng.uniform(0, INSTANT_WITHIN_S)
     if hosts is not None:
         summary = run_on_emulated_hosts(args, hosts, FIRST_TRIAL_PORT + trial)
     else:
@@ -245,7 +268,10 @@ def run_trial(args, rng, hosts, trial, times, failed):
         failed.append((*what, problems))
     else:
         times.append(max(r["recovery_s"] for r in summary["results"].values()))
-        print(*what, f"recovered in {times[-1]:.2f} s", flush=True)
+        steps_at_fault = sorted({r["fault_step"] for r in summary["results"].values()})
+        if len(steps_at_fault) > 1:
+            apart.append(trial)
+        print(*what, f"recovered in {times[-1]:.2f} s; steps done at the fault {steps_at_fault}", flush=True)
     leftovers = [n for n in os.listdir("/dev/shm") if n.startswith("ringreduce-")]
     if leftovers:
         failed.append((trial, "left in /dev/shm", leftovers))
@@ -260,11 +286,13 @@ def main():
     parser.add_argument("--master-port", type=int, default=0, help="host 0's store port (0: any free one, one host)")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--batch", type=int, default=64, help="samples per rank and step")
-    parser.add_argument("--lr", type=float, default=0.2)
+    parser.add_argument("--lr", type=float, default=0.05, help="of momentum SGD; Adam's is a tenth of it")
+    parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd", help="SGD with momentum 0.9, or Adam")
     parser.add_argument("--kill-rank", type=int, default=None, help="the rank that dies (global rank)")
     parser.add_argument("--kill-node", type=int, default=None, help="the host whose every rank dies")
     parser.add_argument("--kill-step", type=int, default=15)
     parser.add_argument("--kill-point", choices=KILL_POINTS, default="backward")
+    parser.add_argument("--kill-delay", type=float, default=0.01, help="with --kill-point instant: seconds into the step")
     parser.add_argument("--trials", type=int, default=0, help="run this many jobs with random kills instead")
     parser.add_argument("--seed", type=int, default=0, help="of the random kills")
     parser.add_argument("--timeout", type=float, default=120, help="seconds a job may take")

@@ -19,7 +19,7 @@ from ringreduce._C import CommTimeoutError, MismatchError
 from ringreduce._errors import RanksLostError
 from ringreduce.collectives import (all_gather_into_tensor, all_reduce, broadcast, destroy, reduce,
                                     reduce_scatter_tensor)
-from ringreduce.elastic import lost_ranks, shrink
+from ringreduce.elastic import lost_ranks, shrink, sync_state
 from ringreduce.info import build_info
 from ringreduce.local import LocalGroup, LocalWorld
 from ringreduce.local_sgd import LocalSGD, average_parameters
@@ -48,5 +48,6 @@ __all__ = [
     "reduce",
     "reduce_scatter_tensor",
     "shrink",
+    "sync_state",
     "tuning",
 ]

@@ -1,7 +1,9 @@
+#include <algorithm>
 #include <cstring>
 
 #include "algorithms/algorithms.h"
 #include "algorithms/schedule.h"
+#include "core/kill_points.h"
 
 namespace ringreduce {
 
@@ -42,8 +44,14 @@ void run_ring(Transport& transport, const Reducer* reducer, std::size_t elem, vo
   const std::size_t ahead = transport.can_post_ahead() ? kRecvsAhead : 0;
   std::size_t posted = 0;  // receives posted so far
   std::vector<Request> own_sends;
+  // An all-reduce's first all-gather transfer (a test-only kill point, core/kill_points.h).
+  const std::size_t first_gather =
+      reducer == nullptr ? transfers.size()
+                         : std::find_if(transfers.begin(), transfers.end(), [](const RingTransfer& t) { return !t.reduce; }) -
+                               transfers.begin();
   for (std::size_t k = 0; k < transfers.size(); ++k) {
     const RingTransfer& t = transfers[k];
+    if (k == first_gather) reach_kill_point(KillPoint::RingAllGather);
     transport.select_lane(t.lane);
     // A segment's step 0: push this rank's own data to the next rank. Every later send is a forward.
     if (t.send_own) own_sends.push_back(transport.isend(next, own_address(t.send), t.send.count * elem));

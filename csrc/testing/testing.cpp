@@ -1,5 +1,7 @@
 #include "testing/testing.h"
 
+#include "core/kill_points.h"
+
 #include "testing/auto_learner_probe.h"
 #include "testing/cuda_probes.h"
 #include "testing/issue_window_probe.h"
@@ -17,6 +19,11 @@ void bind_testing(pybind11::module_& parent) {
   bind_sim_controls(testing);
   bind_auto_learner_probe(testing);
   bind_schedule_probes(testing);
+  testing.def(
+      "arm_ring_all_gather_kill",
+      [](int skip) { arm_kill_point(KillPoint::RingAllGather, skip); }, pybind11::arg("skip") = 0,
+      "This process SIGKILLs itself in its (skip + 1)-th ring all-reduce from now on, once it has passed its reduced "
+      "chunk on and before the all-gather (core/kill_points.h).");
 }
 
 }  // namespace ringreduce
