@@ -115,12 +115,19 @@ def every(rank, world):
     return {"failed": failed, "host": ringreduce._groups.host_identity(), "pid": os.getpid()}
 
 
+def _say(record):
+    """One JSON line on stdout in one write: the ranks of a host share the pipe, and print's separate
+    write of the newline let two ranks' lines run together. A write of at most PIPE_BUF (4 KiB) bytes
+    to a pipe is never interleaved with another."""
+    os.write(sys.stdout.fileno(), (json.dumps(record) + "\n").encode())
+
+
 def fault(rank, world):
     """Reduces 64 MiB until the group fails; says how long after the test's fault it raised."""
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=FAULT_TIMEOUT_S))
     data = torch.ones(16 << 20)
     ringreduce.all_reduce(data, algorithm="hierarchical")  # one whole call before the fault
-    print(json.dumps({"ready": rank}), flush=True)
+    _say({"ready": rank})
     try:
         while True:
             ringreduce.all_reduce(data, algorithm="hierarchical")
@@ -137,7 +144,7 @@ def stall(rank, world):
     calls = 0
     x = torch.ones(1 << 18)
     dist.all_reduce(x)
-    print(json.dumps({"ready": rank}), flush=True)
+    _say({"ready": rank})
     try:
         while True:
             x = torch.full((1 << 18,), float(rank + calls))
@@ -161,7 +168,7 @@ def main():
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     modes = {"check": check, "backend": backend, "fault": fault, "every": every, "stall": stall}
     outcome = modes[sys.argv[1]](rank, world)
-    print(json.dumps({"rank": rank, **outcome}), flush=True)
+    _say({"rank": rank, **outcome})
     if sys.argv[1] in ("fault", "stall"):
         os._exit(0)  # the group is broken and rank 0's store may be gone: no teardown to wait for
     dist.destroy_process_group()
