@@ -176,8 +176,29 @@ class _GroupState:
 
     def create(self, transport, device, timeout_s):
         comm = self._create(transport, device, timeout_s)
+        self._follow_membership(comm)
         agree_on_auto_table(comm, self.fresh_store("auto-table"), self.rank)
         return comm
+
+    def _follow_membership(self, comm):
+        """On a group of the ringreduce backend, the package's calls name lost ranks as the backend's
+        own do (RanksLostError), and a loss ends their waits; on any other group, a failure says what
+        to do instead (docs/elastic.md)."""
+        try:
+            backend = self.group._get_backend(torch.device("cpu"))
+        except RuntimeError:
+            backend = None
+        if isinstance(backend, _C.Backend) and backend.membership is not None:
+            backend.watch(comm)
+            return
+        name = dist.get_backend(self.group)
+        if "ringreduce" in name:  # wrapped by torch (TORCH_DISTRIBUTED_DEBUG=DETAIL): its membership is out of reach
+            return
+        comm.advise_on_failure(
+            f"group {self.group.group_name!r} is on torch's {name} backend, which keeps no membership: no rank can be "
+            "named lost, and the group cannot shrink. To go on without the ranks a failure leaves behind, make the "
+            "group with init_process_group(\"ringreduce\") (or new_group(backend=\"ringreduce\")); see "
+            "docs/elastic.md")
 
     def _create(self, transport, device, timeout_s):
         store = self.fresh_store(transport)

@@ -29,6 +29,8 @@ from ringreduce._groups import agree_on_auto_table, host_identity, host_labels, 
 NAME = "ringreduce"
 # The all-reduce algorithm of every ringreduce backend of the process (auto by default).
 ALGORITHM_ENV = "RINGREDUCE_ALGORITHM"
+# The devices whose tensors a group of the backend serves (a shrunk group too: ringreduce.elastic).
+DEVICES = ("cpu", "cuda")
 
 
 # How long the survivors of a shrink may take to build the shrunk group once all have met (store
@@ -148,4 +150,4 @@ def _lost_while_building(backend, lost):
 def register() -> None:
     """Registers the backend under "ringreduce" (idempotent)."""
     if not hasattr(dist.Backend, NAME.upper()):
-        dist.Backend.register_backend(NAME, _create, extended_api=False, devices=["cpu", "cuda"])
+        dist.Backend.register_backend(NAME, _create, extended_api=False, devices=list(DEVICES))

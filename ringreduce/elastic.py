@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ringreduce import _C
+from ringreduce.backend import DEVICES
 from ringreduce.collectives import destroy
 
 
@@ -36,6 +37,23 @@ def _backend_of(group):
     return group, backend
 
 
+def _refuse_mixed_devices(group):
+    """Refuses, before anything changes, to shrink a group that runs ringreduce on one device and another
+    backend on the other ("cpu:ringreduce,cuda:nccl"): only ringreduce's side could shrink, and the
+    shrunk group would have no backend left for the other device's tensors."""
+    config = dist.distributed_c10d._world.pg_backend_config.get(group, "")
+    backends = dict(entry.split(":", 1) for entry in config.split(",") if ":" in entry)
+    others = {device: name for device, name in backends.items() if name != "ringreduce"}
+    if "ringreduce" in backends.values() and others:
+        device, name = sorted(others.items())[0]
+        raise TypeError(
+            f"group {group.group_name!r} runs {device} tensors on torch's {name} backend ({config}), which cannot be "
+            "shrunk with ringreduce's side; nothing changed. To shrink a group, make it with "
+            "init_process_group(\"ringreduce\") (or new_group(backend=\"ringreduce\")): ringreduce then serves "
+            "CUDA tensors too, over NCCL point-to-point, and the shrunk group serves both devices"
+        )
+
+
 def _exclude_by_global_rank(finalize):
     """torch 2.14's shrink_group builds the shrunk group's rank map by removing the excluded *group* ranks
     from the group's *global* ranks: for new_group([1, 2, 3]) losing its group rank 0 it keeps all
@@ -50,13 +68,49 @@ def _exclude_by_global_rank(finalize):
     return finalize_shrunk_group
 
 
+def _checking_devices(validate):
+    """torch 2.14's shrink_group shrinks the backend of one device (the bound one, else the GPU when
+    there is one, else the CPU): on a GPU host, a "cpu:ringreduce,cuda:nccl" group would have its
+    NCCL side shrunk and registered for the CPU. Such groups are refused first (_refuse_mixed_devices)."""
+
+    def validate_shrink_backend_requirements(group_info):
+        _refuse_mixed_devices(group_info["process_group"])
+        return validate(group_info)
+
+    validate_shrink_backend_requirements.repairs = validate
+    return validate_shrink_backend_requirements
+
+
+def _on_every_device(create):
+    """torch 2.14 registers a shrunk group's backend for one device only (the bound one, else the
+    CPU), so after a shrink a ringreduce group's CUDA tensors (or, with a bound GPU, its CPU tensors)
+    would find no backend. ringreduce's shrunk backend is registered for both, as the group's was."""
+
+    def create_shrunk_process_group(new_backend, remaining_ranks, metadata, is_default_group):
+        group = create(new_backend, remaining_ranks, metadata, is_default_group)
+        if isinstance(new_backend, _C.Backend):
+            custom = dist.ProcessGroup.BackendType.CUSTOM  # what init_process_group("ringreduce") registers
+            for device in DEVICES:
+                group._register_backend(torch.device(device), custom, new_backend)
+            group._set_default_backend(custom)
+        return group
+
+    create_shrunk_process_group.repairs = create
+    return create_shrunk_process_group
+
+
 def _repair_torch_shrink() -> None:
-    """Installs the repair above on the torch releases that need it (2.14, whose source was read), once."""
+    """Installs the repairs above on the torch releases that need them (2.14, whose source was read), once."""
     c10d = dist.distributed_c10d
-    finalize = getattr(c10d, "_finalize_shrunk_group", None)
-    if finalize is None or hasattr(finalize, "repairs") or not torch.__version__.startswith("2.14."):
+    repairs = {"_finalize_shrunk_group": _exclude_by_global_rank,
+               "_validate_shrink_backend_requirements": _checking_devices,
+               "_create_shrunk_process_group": _on_every_device}
+    if not torch.__version__.startswith("2.14."):
         return
-    c10d._finalize_shrunk_group = _exclude_by_global_rank(finalize)
+    for name, repair in repairs.items():
+        step = getattr(c10d, name, None)
+        if step is not None and not hasattr(step, "repairs"):
+            setattr(c10d, name, repair(step))
 
 
 _repair_torch_shrink()
@@ -74,6 +128,7 @@ def shrink(group=None, lost=None):
     does. Raises RanksLostError if more ranks are lost than `lost` names (call again with
     ``err.lost_ranks``), and ValueError for a rank in `lost` that is alive."""
     group, backend = _backend_of(group)
+    _refuse_mixed_devices(group)
     lost = backend.membership.lost if lost is None else lost
     if not lost:
         raise ValueError("ringreduce.shrink: no rank of the group is known to be lost; pass the ranks to leave out")

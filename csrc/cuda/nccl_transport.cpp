@@ -71,6 +71,10 @@ class NcclTransport::Completion final : public EventCompletion {
       : EventCompletion(transport.queue_, detail::concat("nccl rank ", transport.rank_)), transport_(transport) {}
 
   std::optional<AbortNotice> failure() override {
+    if (transport_.cancelled_.load()) {
+      return AbortNotice{AbortNotice::Kind::Failure, detail::concat("ringreduce: nccl rank ", transport_.rank_,
+                                                                    ": cancelled (a rank of the group was lost)")};
+    }
     if (std::optional<AbortNotice> mismatch = transport_.mismatch_found()) return mismatch;
     if (std::optional<AbortNotice> device = EventCompletion::failure()) return device;
     if (std::optional<AbortNotice> async = transport_.nccl_error()) return async;

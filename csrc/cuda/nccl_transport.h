@@ -81,6 +81,9 @@ class NcclTransport final : public MessageTransport {
   // What the watchdog found, or what it will find at its next poll: the device's mismatch report
   // and NCCL's asynchronous error.
   void raise_if_failed() override;
+  // Thread-safe: the watchdog fails the communicator at its next poll (ncclCommAbort), so every wait
+  // of this rank raises within a poll or two. What a membership that finds a rank lost calls.
+  void cancel() override { cancelled_.store(true); }
 
   Request isend(int peer, const void* data, std::size_t bytes) override;
   Request irecv(int peer, void* data, std::size_t bytes) override;
@@ -128,6 +131,7 @@ class NcclTransport final : public MessageTransport {
   DeviceAllocator allocate_;
   std::chrono::milliseconds timeout_;
   std::unique_ptr<Rendezvous> notices_;
+  std::atomic<bool> cancelled_{false};
   std::shared_ptr<NcclComm> nccl_;
   std::shared_ptr<void> slots_;          // HeaderSlots in device memory
   MismatchReport* report_ = nullptr;     // mapped host memory the compare kernel writes

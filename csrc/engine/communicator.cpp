@@ -308,6 +308,8 @@ void Communicator::fail(AbortNotice notice) {
     } catch (const std::exception& unknown) {
       broken_.message += detail::concat("; ", unknown.what());
     }
+  } else if (!membership_ && !advice_.empty() && broken_.kind != AbortNotice::Kind::Mismatch) {
+    broken_.message += detail::concat("; ", advice_);
   }
   broken_.raise();
 }

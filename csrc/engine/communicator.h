@@ -84,6 +84,9 @@ class Communicator {
   // From now on a failure asks `membership` whether ranks were lost, and raises RanksLostError with
   // the survivors' agreed set when they were (else the failure as it was).
   void watch(std::shared_ptr<Membership> membership) { membership_ = std::move(membership); }
+  // Where no membership is watched: `advice` is added to every failure that is not a disagreement
+  // (what to do when ranks cannot be named). Call before the first collective.
+  void advise_on_failure(std::string advice) { advice_ = std::move(advice); }
   // Thread-safe: makes the transfers being waited for raise soon (Transport::cancel); the
   // communicator is broken afterwards. What a membership that finds a rank lost calls.
   void cancel();
@@ -137,6 +140,7 @@ class Communicator {
   std::uint64_t sequence_ = 0;  // collectives issued so far (travels in the headers)
   AbortNotice broken_;          // why the communicator stopped; empty message while healthy
   std::shared_ptr<Membership> membership_;  // null: failures are not examined for lost ranks
+  std::string advice_;                      // advise_on_failure's
   std::shared_ptr<void> caller_state_;
   std::unique_ptr<void, void (*)(void*)> host_scratch_{nullptr, std::free};
   std::size_t host_scratch_bytes_ = 0;

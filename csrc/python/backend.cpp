@@ -82,6 +82,43 @@ c10::intrusive_ptr<c10d::Work> finish(Communicator& communicator, Call call, boo
 
 }  // namespace
 
+// What a loss ends, from the membership's pulse thread: the transfers of every communicator that
+// follows the membership, and torch's NCCL delegate (its communicators are aborted, as its own
+// watchdog would after the group's timeout). Held weakly: a loss keeps nothing alive.
+struct RingReduceBackend::Watched {
+  std::mutex mutex;
+  std::vector<std::weak_ptr<Communicator>> communicators;
+  std::optional<c10::weak_intrusive_ptr<c10d::Backend>> nccl_delegate;
+  bool ended = false;  // the membership calls end() once: what is added later ends at once
+
+  void add(const std::shared_ptr<Communicator>& communicator) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      communicators.erase(std::remove_if(communicators.begin(), communicators.end(),
+                                         [](const std::weak_ptr<Communicator>& weak) { return weak.expired(); }),
+                          communicators.end());
+      communicators.push_back(communicator);
+      if (!ended) return;
+    }
+    communicator->cancel();
+  }
+
+  void end() {
+    std::vector<std::shared_ptr<Communicator>> live;
+    c10::intrusive_ptr<c10d::Backend> nccl;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      ended = true;
+      for (const std::weak_ptr<Communicator>& weak : communicators) {
+        if (std::shared_ptr<Communicator> held = weak.lock()) live.push_back(std::move(held));
+      }
+      if (nccl_delegate) nccl = nccl_delegate->lock();
+    }
+    for (const std::shared_ptr<Communicator>& communicator : live) communicator->cancel();
+    if (nccl) nccl->abort();
+  }
+};
+
 RingReduceBackend::RingReduceBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
                                      std::chrono::milliseconds timeout, std::shared_ptr<Communicator> cpu,
                                      c10::intrusive_ptr<c10d::Backend> fallback,
@@ -90,6 +127,7 @@ RingReduceBackend::RingReduceBackend(c10::intrusive_ptr<c10d::Store> store, int 
     : c10d::Backend(rank, size),
       store_(std::move(store)),
       timeout_(timeout),
+      watched_(std::make_shared<Watched>()),
       cpu_(std::move(cpu)),
       membership_(std::move(membership)),
       fallback_(std::move(fallback)),
@@ -97,13 +135,20 @@ RingReduceBackend::RingReduceBackend(c10::intrusive_ptr<c10d::Store> store, int 
       algorithm_(algorithm),
       announce_(announce) {
   if (membership_) {
-    cpu_->watch(membership_);
+    watch(cpu_);
+    if (cuda_fallback_) watched_->nccl_delegate.emplace(cuda_fallback_);
     // A peer gone silent (a host whose link went down sends no FIN) ends the transfers waiting for it.
-    membership_->on_loss([cpu = std::weak_ptr<Communicator>(cpu_)] {
-      if (const std::shared_ptr<Communicator> held = cpu.lock()) held->cancel();
+    membership_->on_loss([watched = std::weak_ptr<Watched>(watched_)] {
+      if (const std::shared_ptr<Watched> held = watched.lock()) held->end();
     });
   }
   Live<RingReduceBackend>::all().add(this);
+}
+
+void RingReduceBackend::watch(const std::shared_ptr<Communicator>& communicator) {
+  TORCH_CHECK(membership_, "this ringreduce backend was made without a membership");
+  communicator->watch(membership_);
+  watched_->add(communicator);
 }
 
 c10::intrusive_ptr<c10d::Backend> RingReduceBackend::shrink(const std::vector<int64_t>& ranks_to_exclude,
@@ -165,6 +210,7 @@ Communicator& RingReduceBackend::communicator(const at::Tensor& tensor) {
   }
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>(detail::concat("nccl/", gpus_.size(), "/"), store_);
   gpus_.emplace_back(device, make_nccl_communicator(*prefixed, getRank(), getSize(), device, timeout_));
+  if (membership_) watch(gpus_.back().second);
   return *gpus_.back().second;
 #else
   TORCH_CHECK(false, "this ringreduce build has no CUDA part; build it with CUDA or use cuda:nccl for CUDA tensors");

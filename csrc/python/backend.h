@@ -36,12 +36,18 @@ class RingReduceBackend final : public c10d::Backend {
   // Who in the group is still there: the CPU communicator's failures name the lost ranks, and a
   // shrink starts from the survivors' agreement.
   const std::shared_ptr<Membership>& membership() const { return membership_; }
+  // Makes `communicator` follow the membership: its failures name the lost ranks (RanksLostError,
+  // the same set as the backend's own calls), and a loss ends its waits at once instead of after the
+  // group's timeout. For the package's calls on this group; the backend's own communicators follow it
+  // already. Call before its first collective.
+  void watch(const std::shared_ptr<Communicator>& communicator);
   const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
 
   // torch.distributed.shrink_group: the survivors (every caller) build a backend of their own on the
   // group's store, after the roll call (ringreduce.backend._shrink). `ranks_to_exclude` are group
-  // ranks, sorted; torch has checked them. CPU tensors only: GPU communicators are not shrunk.
+  // ranks, sorted; torch has checked them. The shrunk group's backend makes its GPU communicators
+  // anew, on first use.
   bool supportsShrinking() const override { return true; }
   c10::intrusive_ptr<c10d::Backend> shrink(const std::vector<int64_t>& ranks_to_exclude, int shrink_flags,
                                            const c10::intrusive_ptr<c10d::Backend::Options>& opts_override) override;
@@ -110,8 +116,12 @@ class RingReduceBackend final : public c10d::Backend {
   // (A reference held for the call.)
   c10::intrusive_ptr<c10d::Backend> fallback(const std::vector<at::Tensor>& tensors, const char* op);
 
+  // What a loss ends (backend.cpp), reached from the membership's pulse thread.
+  struct Watched;
+
   c10::intrusive_ptr<c10d::Store> store_;
   std::chrono::milliseconds timeout_;
+  std::shared_ptr<Watched> watched_;
   std::shared_ptr<Communicator> cpu_;
   std::shared_ptr<Membership> membership_;
   c10::intrusive_ptr<c10d::Backend> fallback_;

@@ -202,6 +202,9 @@ PYBIND11_MODULE(_C, m) {
             return layout == nullptr ? py::none() : py::cast(layout->describe());
           },
           "Which ranks share a host (\"2 hosts x 2 ranks\"), where the group spans hosts; else None.")
+      .def("advise_on_failure", &Communicator::advise_on_failure, py::arg("advice"),
+           "Without a membership: `advice` is added to every failure that is not a disagreement. Call before the "
+           "first collective.")
       .def_property_readonly("has_hierarchy", &Communicator::has_hierarchy,
                              "Whether algorithm 'hierarchical' runs here (several hosts, several ranks on some).")
       .def_property_readonly("has_even_hierarchy", &Communicator::has_even_hierarchy,
@@ -407,6 +410,9 @@ PYBIND11_MODULE(_C, m) {
   py::class_<RingReduceBackend, c10d::Backend, c10::intrusive_ptr<RingReduceBackend>>(
       m, "Backend", "The torch.distributed backend \"ringreduce\" (registered by ringreduce.backend).")
       .def_property_readonly("membership", &RingReduceBackend::membership)
+      .def("watch", &RingReduceBackend::watch, py::arg("communicator"),
+           "Makes a communicator of the package's calls on this group follow the membership: its failures name the "
+           "lost ranks, and a loss ends its waits. Call before its first collective.")
       .def_property_readonly("store", &RingReduceBackend::store)
       .def_property_readonly("timeout_s", [](const RingReduceBackend& backend) {
         return backend.timeout().count() / 1000.0;
