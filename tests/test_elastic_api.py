@@ -1,7 +1,8 @@
 """What the package's own calls and GPU groups do when ranks are lost. On a group of the ringreduce
 backend, ringreduce.all_reduce (and what is built on it: the DDP hooks, local SGD) names the lost
 ranks as dist.all_reduce does, within the loss bound, on shared memory and on the GPU path (the
-nccl transport on the simulated device); on any other group its error says what to do. A shrunk
+nccl transport on the simulated device), and so do the ops the backend delegates to gloo; on any
+other group the package's error says what to do. A shrunk
 group serves both devices, and a group whose CUDA side runs another backend is refused before
 anything changes."""
 
@@ -58,6 +59,43 @@ def _silent_rank_under_package_calls(rank, world, transport):
 def test_the_package_calls_on_a_ringreduce_group_name_a_silent_rank_within_the_bound(transport):
     env = {"RINGREDUCE_LOST_AFTER": str(SILENT_BOUND_S), "RINGREDUCE_TIMEOUT": str(PACKAGE_TIMEOUT_S)}
     results = run_ranks(3, _silent_rank_under_package_calls, transport, backend="ringreduce", env=env, dying=(2,))
+    for detected_s in results[:2]:
+        assert detected_s < SILENT_BOUND_S + NAMED_AFTER_BOUND_S, results
+
+
+def _lost_rank_under_delegated_ops(rank, world, how):
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"pid/{rank}", str(os.getpid()))
+    dist.barrier()
+    if rank == 2:
+        os.kill(os.getpid(), how)
+    started = time.monotonic()
+    with pytest.raises(ringreduce.RanksLostError) as caught:
+        if rank == 0:  # gloo's receive, aborted on the loss
+            dist.recv(torch.empty(10), src=2)
+        else:  # gloo's gather, left running in gloo's thread
+            dist.gather(torch.ones(10), [torch.empty(10) for _ in range(world)], dst=1)
+    detected_s = time.monotonic() - started
+    assert caught.value.lost_ranks == [2], str(caught.value)
+    assert "delegated to gloo" in str(caught.value), str(caught.value)
+    ringreduce.shrink(None, [2])  # the old group goes without waiting for the gather's thread
+    if rank == 0 and how == signal.SIGSTOP:
+        os.kill(int(store.get("pid/2")), signal.SIGKILL)
+    x = torch.full((10,), float(rank + 1))
+    if rank == 0:
+        dist.send(x, dst=1)
+    else:
+        dist.recv(x, src=0)
+    assert torch.equal(x, torch.full((10,), 1.0))
+    return detected_s
+
+
+@pytest.mark.parametrize("how", [signal.SIGSTOP, signal.SIGKILL], ids=["silent", "killed"])
+def test_ops_delegated_to_gloo_name_a_lost_rank_within_the_bound(how):
+    # The group's timeout is torch's 30 minutes: gloo alone would wait that long for a silent rank,
+    # and raise its own connection error, naming nobody, for a killed one.
+    env = {"RINGREDUCE_LOST_AFTER": str(SILENT_BOUND_S)}
+    results = run_ranks(3, _lost_rank_under_delegated_ops, how, backend="ringreduce", env=env, dying=(2,))
     for detected_s in results[:2]:
         assert detected_s < SILENT_BOUND_S + NAMED_AFTER_BOUND_S, results
 

@@ -74,6 +74,17 @@ std::int64_t largest_piece(const std::vector<at::Tensor>& pieces, const at::Tens
   return largest;
 }
 
+// Whether an op goes to the CUDA side (a tensor of the list on a GPU).
+bool on_gpu(const std::vector<at::Tensor>& tensors) {
+  return std::any_of(tensors.begin(), tensors.end(), [](const at::Tensor& t) { return t.is_cuda(); });
+}
+
+// How a wait for an op delegated to gloo looks at the membership between looks at the op: first
+// after 50 us (a small op is seen done at once), then twice as long each time up to 10 ms, which is
+// nothing beside the loss bound (seconds) and costs a running op's thread no measurable time.
+constexpr std::chrono::microseconds kDelegateFirstPoll{50};
+constexpr std::chrono::microseconds kDelegateLongestPoll{10000};
+
 // A call made with async_op=False runs at once on the calling thread; an async one goes to the
 // communicator's worker, as every call did before torch told backends which is which.
 c10::intrusive_ptr<c10d::Work> finish(Communicator& communicator, Call call, bool async_op) {
@@ -90,6 +101,9 @@ struct RingReduceBackend::Watched {
   std::vector<std::weak_ptr<Communicator>> communicators;
   std::optional<c10::weak_intrusive_ptr<c10d::Backend>> nccl_delegate;
   bool ended = false;  // the membership calls end() once: what is added later ends at once
+  // The ops delegated to gloo: a loss aborts the sends and receives among them (gloo can; its
+  // collectives run on in its threads until gloo's own timeout).
+  std::vector<c10::weak_intrusive_ptr<c10d::Work>> delegated;
 
   void add(const std::shared_ptr<Communicator>& communicator) {
     {
@@ -103,8 +117,35 @@ struct RingReduceBackend::Watched {
     communicator->cancel();
   }
 
+  void add(const c10::intrusive_ptr<c10d::Work>& work) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      delegated.erase(std::remove_if(delegated.begin(), delegated.end(),
+                                     [](const c10::weak_intrusive_ptr<c10d::Work>& weak) { return weak.expired(); }),
+                      delegated.end());
+      delegated.emplace_back(work);
+      if (!ended) return;
+    }
+    abort_point_to_point(work);
+  }
+
+  bool has_ended() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return ended;
+  }
+
+  // Whether an op delegated to gloo has not finished (after a loss: one that waits for a silent peer).
+  bool delegated_op_running() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return std::any_of(delegated.begin(), delegated.end(), [](const c10::weak_intrusive_ptr<c10d::Work>& weak) {
+      const c10::intrusive_ptr<c10d::Work> work = weak.lock();
+      return work && !work->isCompleted();
+    });
+  }
+
   void end() {
     std::vector<std::shared_ptr<Communicator>> live;
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
     c10::intrusive_ptr<c10d::Backend> nccl;
     {
       std::lock_guard<std::mutex> lock(mutex);
@@ -112,12 +153,96 @@ struct RingReduceBackend::Watched {
       for (const std::weak_ptr<Communicator>& weak : communicators) {
         if (std::shared_ptr<Communicator> held = weak.lock()) live.push_back(std::move(held));
       }
+      for (const c10::weak_intrusive_ptr<c10d::Work>& weak : delegated) {
+        if (c10::intrusive_ptr<c10d::Work> held = weak.lock()) works.push_back(std::move(held));
+      }
       if (nccl_delegate) nccl = nccl_delegate->lock();
     }
     for (const std::shared_ptr<Communicator>& communicator : live) communicator->cancel();
+    for (const c10::intrusive_ptr<c10d::Work>& work : works) abort_point_to_point(work);
     if (nccl) nccl->abort();
   }
+
+  static bool point_to_point(const c10d::Work& work) {
+    const c10d::OpType type = work.retrieveOpType();
+    return type == c10d::OpType::SEND || type == c10d::OpType::RECV || type == c10d::OpType::RECVANYSOURCE;
+  }
+
+  static void abort_point_to_point(const c10::intrusive_ptr<c10d::Work>& work) {
+    if (point_to_point(*work)) work->abort();  // gloo's send and receive end their wait
+  }
 };
+
+// The handle of an op delegated to gloo, whose wait ends when the group loses a rank: RanksLostError
+// with the survivors' agreed set, within the loss bound instead of the group's timeout. Everything
+// else is the delegate's own work.
+class LossBoundedWork final : public c10d::Work {
+ public:
+  LossBoundedWork(c10::intrusive_ptr<c10d::Work> inner, std::shared_ptr<RingReduceBackend::Watched> watched,
+                  std::shared_ptr<Membership> membership, const char* op)
+      : c10d::Work(-1, inner->retrieveOpType()),
+        inner_(std::move(inner)),
+        watched_(std::move(watched)),
+        membership_(std::move(membership)),
+        op_(op) {}
+
+  bool isCompleted() override { return inner_->isCompleted(); }
+  bool isSuccess() const override { return inner_->isSuccess(); }
+  std::exception_ptr exception() const override { return inner_->exception(); }
+  int sourceRank() const override { return inner_->sourceRank(); }
+  std::vector<at::Tensor> result() override { return inner_->result(); }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return inner_->getFuture(); }
+  void abort() override { inner_->abort(); }
+  uint64_t getSequencenumber() const override { return inner_->getSequencenumber(); }
+
+  bool wait(std::chrono::milliseconds timeout) override {
+    // gloo completes a send or receive inside its wait, which a loss aborts; a collective in its own
+    // thread, which this wait watches beside the membership.
+    if (!RingReduceBackend::Watched::point_to_point(*inner_)) {
+      const auto deadline = std::chrono::steady_clock::now() + timeout;
+      std::chrono::microseconds poll = kDelegateFirstPoll;
+      while (!inner_->isCompleted() && !watched_->has_ended() &&
+             (timeout == ::kNoTimeout || std::chrono::steady_clock::now() < deadline)) {
+        std::this_thread::sleep_for(poll);
+        poll = std::min(poll * 2, kDelegateLongestPoll);
+      }
+      if (!inner_->isCompleted() && watched_->has_ended()) raise_if_lost();
+    }
+    bool finished = false;
+    try {
+      finished = inner_->wait(timeout);
+    } catch (const std::exception&) {
+      raise_if_lost();
+      throw;
+    }
+    if (!finished && watched_->has_ended()) raise_if_lost();  // gloo's aborted send or receive returns false
+    return finished;
+  }
+
+ private:
+  // After a failure or a loss: RanksLostError once the survivors agree on lost ranks (within the
+  // loss bound); nothing when every rank is alive.
+  void raise_if_lost() {
+    const std::vector<int> lost = membership_->agree_on_loss(std::chrono::steady_clock::now());
+    if (!lost.empty()) membership_->raise_lost(lost, detail::concat("first seen here by ", op_, ", delegated to gloo"));
+  }
+
+  c10::intrusive_ptr<c10d::Work> inner_;
+  std::shared_ptr<RingReduceBackend::Watched> watched_;
+  std::shared_ptr<Membership> membership_;
+  const char* op_;
+};
+
+// Delegates to gloo left running after a loss (an op waiting for a silent peer, until gloo's
+// timeout): destroying one would wait for its threads, so they are kept, and go with the process.
+std::vector<c10::intrusive_ptr<c10d::Backend>>& parked_delegates() {
+  static auto* parked = new std::vector<c10::intrusive_ptr<c10d::Backend>>;
+  return *parked;
+}
+std::mutex& parked_delegates_mutex() {
+  static auto* mutex = new std::mutex;
+  return *mutex;
+}
 
 RingReduceBackend::RingReduceBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
                                      std::chrono::milliseconds timeout, std::shared_ptr<Communicator> cpu,
@@ -187,6 +312,10 @@ RingReduceBackend::~RingReduceBackend() {
   std::optional<py::gil_scoped_release> without_gil;
   if (Py_IsInitialized() && PyGILState_Check()) without_gil.emplace();
   if (membership_) membership_->on_loss(nullptr);
+  if (fallback_ && watched_->has_ended() && watched_->delegated_op_running()) {
+    std::lock_guard<std::mutex> lock(parked_delegates_mutex());
+    parked_delegates().push_back(std::move(fallback_));
+  }
   fallback_.reset();
   cuda_fallback_.reset();
   gpus_.clear();
@@ -218,7 +347,7 @@ Communicator& RingReduceBackend::communicator(const at::Tensor& tensor) {
 }
 
 c10::intrusive_ptr<c10d::Backend> RingReduceBackend::fallback(const std::vector<at::Tensor>& tensors, const char* op) {
-  const bool cuda = std::any_of(tensors.begin(), tensors.end(), [](const at::Tensor& t) { return t.is_cuda(); });
+  const bool cuda = on_gpu(tensors);
   c10::intrusive_ptr<c10d::Backend> target;
   bool first = false;
   {
@@ -238,6 +367,14 @@ c10::intrusive_ptr<c10d::Backend> RingReduceBackend::fallback(const std::vector<
                               cuda ? " (CUDA) goes to nccl" : " goes to gloo"));
   }
   return target;
+}
+
+c10::intrusive_ptr<c10d::Work> RingReduceBackend::delegate(const std::vector<at::Tensor>& tensors, const char* op,
+                                                           const std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend&)>& run) {
+  c10::intrusive_ptr<c10d::Work> work = run(*fallback(tensors, op));
+  if (!membership_ || on_gpu(tensors)) return work;  // torch's NCCL delegate is aborted on a loss instead
+  watched_->add(work);
+  return c10::make_intrusive<LossBoundedWork>(std::move(work), watched_, membership_, op);
 }
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::allreduce(std::vector<at::Tensor>& tensors,
@@ -369,27 +506,29 @@ c10::intrusive_ptr<c10d::Work> RingReduceBackend::barrier(const c10d::BarrierOpt
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::allreduce_sparse(std::vector<at::Tensor>& tensors,
                                                                    const c10d::AllreduceOptions& opts) {
-  const c10::intrusive_ptr<c10d::Backend> target = fallback(tensors, "allreduce of a sparse tensor");
   // gloo takes sparse tensors through allreduce; torch's NCCL through allreduce_sparse.
-  const bool cuda = std::any_of(tensors.begin(), tensors.end(), [](const at::Tensor& t) { return t.is_cuda(); });
-  return cuda ? target->allreduce_sparse(tensors, opts) : target->allreduce(tensors, opts);
+  return delegate(tensors, "allreduce of a sparse tensor", [&](c10d::Backend& b) {
+    return on_gpu(tensors) ? b.allreduce_sparse(tensors, opts) : b.allreduce(tensors, opts);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                       std::vector<at::Tensor>& inputs,
                                                                       const c10d::AllgatherOptions& opts) {
-  return fallback(inputs, "allgather_coalesced")->allgather_coalesced(outputs, inputs, opts);
+  return delegate(inputs, "allgather_coalesced", [&](c10d::Backend& b) { return b.allgather_coalesced(outputs, inputs, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                                   std::vector<at::Tensor>& inputs,
                                                                                   const c10d::AllgatherOptions& opts) {
-  return fallback(inputs, "allgather_into_tensor_coalesced")->allgather_into_tensor_coalesced(outputs, inputs, opts);
+  return delegate(inputs, "allgather_into_tensor_coalesced",
+                  [&](c10d::Backend& b) { return b.allgather_into_tensor_coalesced(outputs, inputs, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
-  return fallback(inputs, "reduce_scatter_tensor_coalesced")->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+  return delegate(inputs, "reduce_scatter_tensor_coalesced",
+                  [&](c10d::Backend& b) { return b.reduce_scatter_tensor_coalesced(outputs, inputs, opts); });
 }
 
 void RingReduceBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
@@ -409,38 +548,39 @@ c10::intrusive_ptr<c10d::Work> RingReduceBackend::reduce(std::vector<at::Tensor>
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::GatherOptions& opts) {
-  return fallback(inputs, "gather")->gather(outputs, inputs, opts);
+  return delegate(inputs, "gather", [&](c10d::Backend& b) { return b.gather(outputs, inputs, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::scatter(std::vector<at::Tensor>& outputs,
                                                           std::vector<std::vector<at::Tensor>>& inputs,
                                                           const c10d::ScatterOptions& opts) {
-  return fallback(outputs, "scatter")->scatter(outputs, inputs, opts);
+  return delegate(outputs, "scatter", [&](c10d::Backend& b) { return b.scatter(outputs, inputs, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                                 std::vector<int64_t>& output_splits,
                                                                 std::vector<int64_t>& input_splits,
                                                                 const c10d::AllToAllOptions& opts) {
-  return fallback({input}, "alltoall")->alltoall_base(output, input, output_splits, input_splits, opts);
+  return delegate({input}, "alltoall",
+                  [&](c10d::Backend& b) { return b.alltoall_base(output, input, output_splits, input_splits, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                            std::vector<at::Tensor>& inputs,
                                                            const c10d::AllToAllOptions& opts) {
-  return fallback(inputs, "alltoall")->alltoall(outputs, inputs, opts);
+  return delegate(inputs, "alltoall", [&](c10d::Backend& b) { return b.alltoall(outputs, inputs, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
-  return fallback(tensors, "send")->send(tensors, dst, tag);
+  return delegate(tensors, "send", [&](c10d::Backend& b) { return b.send(tensors, dst, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
-  return fallback(tensors, "recv")->recv(tensors, src, tag);
+  return delegate(tensors, "recv", [&](c10d::Backend& b) { return b.recv(tensors, src, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> RingReduceBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  return fallback(tensors, "recv")->recvAnysource(tensors, tag);
+  return delegate(tensors, "recv", [&](c10d::Backend& b) { return b.recvAnysource(tensors, tag); });
 }
 
 }  // namespace ringreduce

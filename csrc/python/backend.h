@@ -10,6 +10,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -57,6 +58,9 @@ class RingReduceBackend final : public c10d::Backend {
   // destroyed past the interpreter, and a gloo thread that drops a finished work's tensors during
   // finalization is ended by Python mid-unwind (std::terminate). Call without the GIL.
   static void drop_delegates_at_exit();
+
+  // What a loss ends (backend.cpp), reached from the membership's pulse thread.
+  struct Watched;
 
   const std::string getBackendName() const override { return "ringreduce"; }
   uint64_t getSequenceNumberForGroup() override;
@@ -115,9 +119,9 @@ class RingReduceBackend final : public c10d::Backend {
   // The fallback for an op the engine does not run: gloo for CPU tensors, NCCL for CUDA tensors.
   // (A reference held for the call.)
   c10::intrusive_ptr<c10d::Backend> fallback(const std::vector<at::Tensor>& tensors, const char* op);
-
-  // What a loss ends (backend.cpp), reached from the membership's pulse thread.
-  struct Watched;
+  // `run` on the fallback for `tensors`; on gloo, with a membership, the work's wait ends on a loss.
+  c10::intrusive_ptr<c10d::Work> delegate(const std::vector<at::Tensor>& tensors, const char* op,
+                                          const std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend&)>& run);
 
   c10::intrusive_ptr<c10d::Store> store_;
   std::chrono::milliseconds timeout_;
