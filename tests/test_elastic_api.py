@@ -22,9 +22,10 @@ from multiproc import run_ranks
 
 # The loss bound of these tests (RINGREDUCE_LOST_AFTER), shorter than the default 10 s so that they
 # are short too, and what the survivors may take beyond it to name the rank: a pulse period, the
-# agreement, an abort on the simulated device, 3 ranks on a loaded 2-core machine.
+# agreement, an abort on the simulated device (measured 0.5-1.2 s beyond the bound on 2026-12-05,
+# 3 ranks, an idle 2-core machine; the suite runs two test files at once).
 SILENT_BOUND_S = 2.0
-NAMED_AFTER_BOUND_S = 2.0
+NAMED_AFTER_BOUND_S = 3.0
 # The timeout of the package's communicators: far beyond the bound, so that a wait the loss does
 # not end shows as a failed bound, not as a pass.
 PACKAGE_TIMEOUT_S = 60

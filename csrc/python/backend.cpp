@@ -3,7 +3,9 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <optional>
 #include <set>
 #include <thread>
@@ -79,12 +81,6 @@ bool on_gpu(const std::vector<at::Tensor>& tensors) {
   return std::any_of(tensors.begin(), tensors.end(), [](const at::Tensor& t) { return t.is_cuda(); });
 }
 
-// How a wait for an op delegated to gloo looks at the membership between looks at the op: first
-// after 50 us (a small op is seen done at once), then twice as long each time up to 10 ms, which is
-// nothing beside the loss bound (seconds) and costs a running op's thread no measurable time.
-constexpr std::chrono::microseconds kDelegateFirstPoll{50};
-constexpr std::chrono::microseconds kDelegateLongestPoll{10000};
-
 // A call made with async_op=False runs at once on the calling thread; an async one goes to the
 // communicator's worker, as every call did before torch told backends which is which.
 c10::intrusive_ptr<c10d::Work> finish(Communicator& communicator, Call call, bool async_op) {
@@ -98,6 +94,7 @@ c10::intrusive_ptr<c10d::Work> finish(Communicator& communicator, Call call, boo
 // watchdog would after the group's timeout). Held weakly: a loss keeps nothing alive.
 struct RingReduceBackend::Watched {
   std::mutex mutex;
+  std::condition_variable changed;  // a loss, or an op delegated to gloo that finished (wake())
   std::vector<std::weak_ptr<Communicator>> communicators;
   std::optional<c10::weak_intrusive_ptr<c10d::Backend>> nccl_delegate;
   bool ended = false;  // the membership calls end() once: what is added later ends at once
@@ -134,6 +131,22 @@ struct RingReduceBackend::Watched {
     return ended;
   }
 
+  void wake() {
+    std::lock_guard<std::mutex> lock(mutex);
+    changed.notify_all();
+  }
+
+  // Until `finished` (set before a wake()) or a loss, at most until `deadline` (none: unbounded).
+  void await(const std::atomic<bool>& finished, std::optional<std::chrono::steady_clock::time_point> deadline) {
+    std::unique_lock<std::mutex> lock(mutex);
+    const auto done = [&] { return finished.load() || ended; };
+    if (deadline) {
+      changed.wait_until(lock, *deadline, done);
+    } else {
+      changed.wait(lock, done);
+    }
+  }
+
   // Whether an op delegated to gloo has not finished (after a loss: one that waits for a silent peer).
   bool delegated_op_running() {
     std::lock_guard<std::mutex> lock(mutex);
@@ -150,6 +163,7 @@ struct RingReduceBackend::Watched {
     {
       std::lock_guard<std::mutex> lock(mutex);
       ended = true;
+      changed.notify_all();
       for (const std::weak_ptr<Communicator>& weak : communicators) {
         if (std::shared_ptr<Communicator> held = weak.lock()) live.push_back(std::move(held));
       }
@@ -199,14 +213,15 @@ class LossBoundedWork final : public c10d::Work {
     // gloo completes a send or receive inside its wait, which a loss aborts; a collective in its own
     // thread, which this wait watches beside the membership.
     if (!RingReduceBackend::Watched::point_to_point(*inner_)) {
-      const auto deadline = std::chrono::steady_clock::now() + timeout;
-      std::chrono::microseconds poll = kDelegateFirstPoll;
-      while (!inner_->isCompleted() && !watched_->has_ended() &&
-             (timeout == ::kNoTimeout || std::chrono::steady_clock::now() < deadline)) {
-        std::this_thread::sleep_for(poll);
-        poll = std::min(poll * 2, kDelegateLongestPoll);
-      }
-      if (!inner_->isCompleted() && watched_->has_ended()) raise_if_lost();
+      std::optional<std::chrono::steady_clock::time_point> deadline;
+      if (timeout != ::kNoTimeout) deadline = std::chrono::steady_clock::now() + timeout;
+      const auto finished = std::make_shared<std::atomic<bool>>(false);
+      inner_->getFuture()->addCallback([finished, watched = watched_](c10::ivalue::Future&) {
+        finished->store(true);
+        watched->wake();
+      });
+      watched_->await(*finished, deadline);
+      if (!finished->load() && watched_->has_ended()) raise_if_lost();
     }
     bool finished = false;
     try {
