@@ -184,11 +184,8 @@ class _GroupState:
         """On a group of the ringreduce backend, the package's calls name lost ranks as the backend's
         own do (RanksLostError), and a loss ends their waits; on any other group, a failure says what
         to do instead (docs/elastic.md)."""
-        try:
-            backend = self.group._get_backend(torch.device("cpu"))
-        except RuntimeError:
-            backend = None
-        if isinstance(backend, _C.Backend) and backend.membership is not None:
+        backend = ringreduce_backend(self.group)
+        if backend is not None:
             backend.watch(comm)
             return
         name = dist.get_backend(self.group)
@@ -228,6 +225,15 @@ class _GroupState:
         if self.single_host():
             return "shm", "CPU tensor, every rank on this host: shared memory"
         return "pg", "CPU tensor, ranks on several hosts"
+
+
+def ringreduce_backend(group):
+    """The ringreduce backend serving `group`'s CPU tensors, where it keeps a membership; else None."""
+    try:
+        backend = group._get_backend(torch.device("cpu"))
+    except RuntimeError:
+        return None
+    return backend if isinstance(backend, _C.Backend) and backend.membership is not None else None
 
 
 def _check_transport(name, device_type):

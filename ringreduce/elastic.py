@@ -18,17 +18,15 @@ import torch
 import torch.distributed as dist
 
 from ringreduce import _C
+from ringreduce._groups import ringreduce_backend
 from ringreduce.backend import DEVICES
 from ringreduce.collectives import destroy
 
 
 def _backend_of(group):
     group = group or dist.distributed_c10d._get_default_group()
-    try:
-        backend = group._get_backend(torch.device("cpu"))
-    except RuntimeError:
-        backend = None
-    if not isinstance(backend, _C.Backend) or backend.membership is None:
+    backend = ringreduce_backend(group)
+    if backend is None:
         raise TypeError(
             f"group {group.group_name!r} is not on the ringreduce backend, so ringreduce cannot shrink it (torch's gloo "
             "backend cannot shrink at all). Make the group with init_process_group(\"ringreduce\") or "

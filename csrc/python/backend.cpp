@@ -103,27 +103,22 @@ struct RingReduceBackend::Watched {
   std::vector<c10::weak_intrusive_ptr<c10d::Work>> delegated;
 
   void add(const std::shared_ptr<Communicator>& communicator) {
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      communicators.erase(std::remove_if(communicators.begin(), communicators.end(),
-                                         [](const std::weak_ptr<Communicator>& weak) { return weak.expired(); }),
-                          communicators.end());
-      communicators.push_back(communicator);
-      if (!ended) return;
-    }
-    communicator->cancel();
+    if (keep(communicators, communicator)) communicator->cancel();
   }
 
   void add(const c10::intrusive_ptr<c10d::Work>& work) {
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      delegated.erase(std::remove_if(delegated.begin(), delegated.end(),
-                                     [](const c10::weak_intrusive_ptr<c10d::Work>& weak) { return weak.expired(); }),
-                      delegated.end());
-      delegated.emplace_back(work);
-      if (!ended) return;
-    }
-    abort_point_to_point(work);
+    if (keep(delegated, work)) abort_point_to_point(work);
+  }
+
+  // Adds `strong` to `weak_list` (dropping what has gone); whether the loss has already come, so
+  // that the caller ends it at once.
+  template <typename Weak, typename Strong>
+  bool keep(std::vector<Weak>& weak_list, const Strong& strong) {
+    std::lock_guard<std::mutex> lock(mutex);
+    weak_list.erase(std::remove_if(weak_list.begin(), weak_list.end(), [](const Weak& weak) { return weak.expired(); }),
+                    weak_list.end());
+    weak_list.emplace_back(strong);
+    return ended;
   }
 
   bool has_ended() {
