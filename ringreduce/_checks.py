@@ -49,6 +49,17 @@ def algorithm_code(algorithm) -> int:
     return code
 
 
+# Engine codes (csrc/core/header.h, enum Compression), by the names `compress` takes.
+COMPRESSION_CODES = {None: 0, "none": 0, "bf16": 1, "fp16": 2}
+
+
+def compression_code(compress) -> int:
+    code = COMPRESSION_CODES.get(compress) if isinstance(compress, (str, type(None))) else None
+    if code is None:
+        raise ValueError(f"unknown compress {compress!r}; choose None (exact), 'bf16' or 'fp16'")
+    return code
+
+
 # dtype -> whether it is an integer type (AVG is refused there). Complex and other dtypes are absent.
 _DTYPE_IS_INTEGER = {dtype: dtype in _INTEGER_DTYPES for dtype in SUPPORTED_DTYPES}
 _SUM, _AVG = OP_CODES[_RED_OP.SUM], OP_CODES[_RED_OP.AVG]

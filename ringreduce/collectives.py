@@ -7,7 +7,8 @@ import torch
 import torch.distributed as dist
 
 from ringreduce import _C, _groups
-from ringreduce._checks import _OP_CODES_BY_ID, algorithm_code, check_segment_bytes, check_tensor, op_code
+from ringreduce._checks import (_OP_CODES_BY_ID, algorithm_code, check_segment_bytes, check_tensor, compression_code,
+                                op_code)
 from ringreduce._groups import checked_calls as _checked_calls
 from ringreduce._groups import communicator
 from ringreduce._interop import as_tensor
@@ -25,6 +26,7 @@ def all_reduce(
     *,
     segment_bytes=None,
     root=0,
+    compress=None,
 ):
     """Reduce ``tensor`` across every rank of ``group``, in place, like ``torch.distributed.all_reduce``.
 
@@ -45,6 +47,12 @@ def all_reduce(
         transport: None chooses automatically; see ``build_info()["transports"]``.
         segment_bytes: pipeline segment size; default ``RINGREDUCE_SEGMENT_BYTES`` or the engine's.
         root: the reducing rank of the central algorithm (group rank).
+        compress: ``None`` (exact, the default), ``"bf16"`` or ``"fp16"``: on a group that spans
+            hosts, a float32 SUM or AVG runs hierarchical and its values cross the link between
+            hosts in that 16-bit format, added in float32 and rounded once per host; inside each
+            host they stay exact, and every rank ends with the same bits (docs/compression.md).
+            Elsewhere (one host, other dtypes and ops) the call runs exact, as
+            ``RINGREDUCE_DEBUG=INFO`` says. Give it with ``algorithm`` "auto" or "hierarchical".
 
     Returns:
         None, or the work handle when ``async_op`` is true; its future's value is ``[tensor]``.
@@ -52,11 +60,12 @@ def all_reduce(
     if group is None:  # remembered and destroyed as the group itself
         group = _groups.default_group()
     # Fast path: a call like one that passed every check before skips the checks (in C++).
-    if segment_bytes is None and root == 0:
+    if segment_bytes is None and root == 0 and compress is None:
         work = _repeat_checked_call(tensor, op, group, async_op, algorithm, transport)
         if work is not NotImplemented:
             return work
     code = op_code(op)
+    compression = compression_code(compress)
     if not isinstance(tensor, torch.Tensor):
         tensor = as_tensor(tensor)
     check_tensor(tensor, code)
@@ -67,11 +76,12 @@ def all_reduce(
         return None
     comm = communicator(group, tensor, transport, algorithm)
     algorithm_code_ = algorithm_code(algorithm)
-    work = comm.all_reduce(tensor, code, algorithm_code_, check_segment_bytes(segment_bytes), root, async_op)
+    work = comm.all_reduce(tensor, code, algorithm_code_, check_segment_bytes(segment_bytes), root, async_op,
+                           compression)
     # Only calls on torch groups with a ReduceOp singleton are remembered: a LocalWorld rank finds
     # its communicator itself, and a ReduceOp instance made per call would be a new entry each time.
-    if (type(tensor) is torch.Tensor and segment_bytes is None and root == 0 and id(op) in _OP_CODES_BY_ID
-            and not isinstance(group, _groups.CommunicatorSource)):
+    if (type(tensor) is torch.Tensor and segment_bytes is None and root == 0 and compress is None
+            and id(op) in _OP_CODES_BY_ID and not isinstance(group, _groups.CommunicatorSource)):
         _checked_calls.remember(tensor, op, group, algorithm, transport, comm, algorithm_code_, code)
     return work if async_op else None
 

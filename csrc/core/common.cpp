@@ -55,6 +55,15 @@ const char* collective_name(Collective collective) {
   return "unknown";
 }
 
+const char* compression_name(Compression compression) {
+  switch (compression) {
+    case Compression::None: return "none";
+    case Compression::BFloat16: return "bf16";
+    case Compression::Float16: return "fp16";
+  }
+  return "unknown";
+}
+
 std::string describe(const CollectiveHeader& header, const CollectiveHeader& other) {
   const auto algorithm = static_cast<Algorithm>(header.algorithm);
   const auto collective = static_cast<Collective>(header.collective);
@@ -79,6 +88,10 @@ std::string describe(const CollectiveHeader& header, const CollectiveHeader& oth
     text += detail::concat(" in segments of ", header.segment_bytes, " bytes");
   }
   if (header.lanes != other.lanes) text += detail::concat(" in ", static_cast<int>(header.lanes), " lanes");
+  if (header.compression != other.compression) {
+    text += detail::concat(" compressed to ", compression_name(static_cast<Compression>(header.compression)),
+                           " across hosts");
+  }
   return text + detail::concat(" (collective #", header.sequence, ")");
 }
 
@@ -86,7 +99,7 @@ void throw_mismatch(int rank, const CollectiveHeader& mine, int peer, const Coll
   throw MismatchError(detail::concat(
       "ringreduce: the ranks disagree on this collective: rank ", peer, " has ", describe(theirs, mine), ", rank ",
       rank, " has ", describe(mine, theirs), ". Every rank of the group must make the same calls, in the same order, with the same "
-      "collective, numel, dtype, op and algorithm (and root, segment size and RINGREDUCE_LANES); recreate the group's communicators with ringreduce.destroy(group)"));
+      "collective, numel, dtype, op, algorithm and compression (and root, segment size and RINGREDUCE_LANES); recreate the group's communicators with ringreduce.destroy(group)"));
 }
 
 std::string timed_out_after(std::chrono::milliseconds timeout) {

@@ -13,6 +13,10 @@ namespace ringreduce {
 // is made. Hierarchical runs only on a group that spans hosts (csrc/hierarchy/).
 enum class Algorithm : int { Ring, Central, OneShot, Hierarchical, Auto };
 
+// The 16-bit format an all-reduce's values take on the link between hosts (None: they cross as
+// they are). Only that ring is compressed; the stages inside each host stay in the buffer's dtype.
+enum class Compression : int { None, BFloat16, Float16 };
+
 // The collectives the engine runs.
 enum class Collective : int { AllReduce, ReduceScatter, AllGather, Broadcast, Reduce };
 
@@ -34,6 +38,7 @@ struct CollectiveHeader {
   std::uint8_t algorithm = 0;
   std::uint8_t lanes = 1;      // pipeline lanes of the ring (RINGREDUCE_LANES)
   std::uint8_t collective = 0;  // Collective
+  std::uint8_t compression = 0;  // Compression
 
   // The root matters to the central reducer, a broadcast and a reduce.
   RR_HOST_DEVICE bool has_root() const {
@@ -45,7 +50,8 @@ struct CollectiveHeader {
   RR_HOST_DEVICE bool operator==(const CollectiveHeader& other) const {
     return sequence == other.sequence && numel == other.numel && segment_bytes == other.segment_bytes &&
            dtype == other.dtype && op == other.op && algorithm == other.algorithm && lanes == other.lanes &&
-           collective == other.collective && (!has_root() || root == other.root);
+           collective == other.collective && compression == other.compression &&
+           (!has_root() || root == other.root);
   }
   RR_HOST_DEVICE bool operator!=(const CollectiveHeader& other) const { return !(*this == other); }
 };

@@ -10,7 +10,7 @@ namespace ringreduce {
 
 class Reducer {
  public:
-  explicit Reducer(DType dtype) : dtype_(dtype) {}
+  Reducer(DType dtype, ReduceOp op) : dtype_(dtype), op_(op) {}
   virtual ~Reducer() = default;
 
   // Runs once per collective on this rank's own input, before any of it is sent or reduced (on a
@@ -28,10 +28,12 @@ class Reducer {
   virtual void reduce_copy(void* dst, const void* src, void* copy, std::size_t count, bool last) const = 0;
 
   DType dtype() const { return dtype_; }
+  ReduceOp op() const { return op_; }
   std::size_t element_size() const { return ringreduce::element_size(dtype_); }
 
  private:
   DType dtype_;
+  ReduceOp op_;
 };
 
 }  // namespace ringreduce

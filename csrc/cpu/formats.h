@@ -106,6 +106,27 @@ void reduce_loop(void* dst_ptr, const void* src_ptr, void* copy_ptr, std::size_t
   }
 }
 
+// The portable link codec loops of a 16-bit `Format` (loops.h, LinkCodec).
+template <typename Format>
+void encode_loop(std::uint16_t* wire, const float* values, std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i) wire[i] = Format::store(values[i]);
+}
+
+template <typename Format>
+void decode_loop(float* values, const std::uint16_t* wire, std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i) values[i] = Format::load(wire[i]);
+}
+
+template <typename Format, bool kDivide>
+void add_encode_loop(std::uint16_t* dst, const std::uint16_t* src, const float* local, std::size_t count, int world) {
+  const float divisor = static_cast<float>(world);
+  for (std::size_t i = 0; i < count; ++i) {
+    float value = Format::load(src[i]) + local[i];
+    if constexpr (kDivide) value = value / divisor;
+    dst[i] = Format::store(value);
+  }
+}
+
 // Loop kinds run `Op` over a `Format` with `run<Format, Op, kDivide, kCopy>`. This one is the
 // portable loop above; cpu_lanes.h has the hand-vectorised one.
 struct ScalarLoop {

@@ -24,6 +24,8 @@ inline __m256 splat(__m256, float x) { return _mm256_set1_ps(x); }
 inline __m256 take_if_nan_or(__m256 a, __m256 b, __m256 a_wins) {
   return _mm256_blendv_ps(b, a, _mm256_or_ps(_mm256_cmp_ps(a, a, _CMP_UNORD_Q), a_wins));
 }
+inline __m256 load_floats(__m256, const float* p) { return _mm256_loadu_ps(p); }
+inline void store_floats(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
 inline __m256 min_nan(__m256 a, __m256 b) { return take_if_nan_or(a, b, _mm256_cmp_ps(a, b, _CMP_LT_OQ)); }
 inline __m256 max_nan(__m256 a, __m256 b) { return take_if_nan_or(a, b, _mm256_cmp_ps(a, b, _CMP_GT_OQ)); }
 #if defined(RINGREDUCE_LANES_AVX512)  // set by the AVX-512 translation unit
@@ -34,6 +36,8 @@ inline __m512 splat(__m512, float x) { return _mm512_set1_ps(x); }
 inline __m512 take_if_nan_or(__m512 a, __m512 b, __mmask16 a_wins) {
   return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q) | a_wins, b, a);
 }
+inline __m512 load_floats(__m512, const float* p) { return _mm512_loadu_ps(p); }
+inline void store_floats(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
 inline __m512 min_nan(__m512 a, __m512 b) { return take_if_nan_or(a, b, _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ)); }
 inline __m512 max_nan(__m512 a, __m512 b) { return take_if_nan_or(a, b, _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ)); }
 #endif
@@ -139,6 +143,42 @@ struct LaneOps {
 template <typename Format>
 LoopSet lanes_for_op(ReduceOp op) {
   return loops_for<LanesLoop, Format, LaneOps>(op);
+}
+
+// The link codec of one 16-bit format, kLanes values per step; the ragged tail takes the portable
+// loops, which round the same way.
+template <typename Format>
+void encode_lanes(std::uint16_t* wire, const float* values, std::size_t count) {
+  using Vec = typename Format::Vec;
+  std::size_t i = 0;
+  for (; i + Format::kLanes <= count; i += Format::kLanes) Format::store(wire + i, Format::round(load_floats(Vec{}, values + i)));
+  encode_loop<typename Format::Scalar>(wire + i, values + i, count - i);
+}
+
+template <typename Format>
+void decode_lanes(float* values, const std::uint16_t* wire, std::size_t count) {
+  std::size_t i = 0;
+  for (; i + Format::kLanes <= count; i += Format::kLanes) store_floats(values + i, Format::load(wire + i));
+  decode_loop<typename Format::Scalar>(values + i, wire + i, count - i);
+}
+
+template <typename Format, bool kDivide>
+void add_encode_lanes(std::uint16_t* dst, const std::uint16_t* src, const float* local, std::size_t count, int world) {
+  using Vec = typename Format::Vec;
+  const Vec divisor = splat(Vec{}, static_cast<float>(world));
+  std::size_t i = 0;
+  for (; i + Format::kLanes <= count; i += Format::kLanes) {
+    Vec value = add(Format::load(src + i), load_floats(Vec{}, local + i));
+    if constexpr (kDivide) value = div(value, divisor);
+    Format::store(dst + i, Format::round(value));
+  }
+  add_encode_loop<typename Format::Scalar, kDivide>(dst + i, src + i, local + i, count - i, world);
+}
+
+template <typename Format>
+LinkCodec codec_lanes() {
+  return LinkCodec{&encode_lanes<Format>, &decode_lanes<Format>, &add_encode_lanes<Format, false>,
+                   &add_encode_lanes<Format, true>};
 }
 
 }  // namespace

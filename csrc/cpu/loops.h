@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "core/common.h"
 
@@ -18,9 +19,26 @@ struct LoopSet {
   LoopFn last_copy;
 };
 
+// The loops that carry float32 values across a link in a 16-bit format (bfloat16 or float16),
+// rounding to nearest even as the reducers do.
+struct LinkCodec {
+  // wire[i] = values[i] rounded to the format.
+  void (*encode)(std::uint16_t* wire, const float* values, std::size_t count);
+  // values[i] = wire[i] widened to float (exact).
+  void (*decode)(float* values, const std::uint16_t* wire, std::size_t count);
+  // dst[i] = (src[i] widened + local[i]) rounded once; the `divide` form divides the sum by
+  // `world` before it rounds (an AVG's last reduction).
+  using AddFn = void (*)(std::uint16_t* dst, const std::uint16_t* src, const float* local, std::size_t count, int world);
+  AddFn add;
+  AddFn add_divide;
+};
+
 // Hand-vectorised loops (cpu_lanes.h). Each returns false, leaving `loops` alone, for dtypes it does
 // not cover and on CPUs or architectures without its instructions.
 bool avx512bf16_loops(DType dtype, ReduceOp op, LoopSet* loops);  // bfloat16, AVX-512 BF16
 bool avx2_loops(DType dtype, ReduceOp op, LoopSet* loops);        // float16 and bfloat16, AVX2 and F16C
+// The same for the link codecs: Compression::BFloat16 only, and both formats.
+bool avx512bf16_codec(Compression compression, LinkCodec* codec);
+bool avx2_codec(Compression compression, LinkCodec* codec);
 
 }  // namespace ringreduce

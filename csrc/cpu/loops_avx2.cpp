@@ -16,6 +16,10 @@ LoopSet avx2_lanes(DType dtype, ReduceOp op) {
   return dtype == DType::Float16 ? lanes_for_op<HalfLanes>(op) : lanes_for_op<BFloat16Lanes>(op);
 }
 
+LinkCodec avx2_codec_lanes(Compression compression) {
+  return compression == Compression::Float16 ? codec_lanes<HalfLanes>() : codec_lanes<BFloat16Lanes>();
+}
+
 }  // namespace
 }  // namespace ringreduce
 
@@ -23,12 +27,23 @@ LoopSet avx2_lanes(DType dtype, ReduceOp op) {
 
 namespace ringreduce {
 
-bool avx2_loops(DType dtype, ReduceOp op, LoopSet* loops) {
-  if (dtype != DType::Float16 && dtype != DType::BFloat16) return false;
+namespace {
+bool has_avx2() {
   static const bool supported =
       __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
-  if (!supported) return false;
+  return supported;
+}
+}  // namespace
+
+bool avx2_loops(DType dtype, ReduceOp op, LoopSet* loops) {
+  if ((dtype != DType::Float16 && dtype != DType::BFloat16) || !has_avx2()) return false;
   *loops = avx2_lanes(dtype, op);
+  return true;
+}
+
+bool avx2_codec(Compression compression, LinkCodec* codec) {
+  if (compression == Compression::None || !has_avx2()) return false;
+  *codec = avx2_codec_lanes(compression);
   return true;
 }
 
@@ -38,6 +53,7 @@ bool avx2_loops(DType dtype, ReduceOp op, LoopSet* loops) {
 
 namespace ringreduce {
 bool avx2_loops(DType, ReduceOp, LoopSet*) { return false; }
+bool avx2_codec(Compression, LinkCodec*) { return false; }
 }  // namespace ringreduce
 
 #endif

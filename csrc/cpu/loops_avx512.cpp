@@ -44,14 +44,25 @@ struct BFloat16Lanes16 {
 
 namespace ringreduce {
 
-bool avx512bf16_loops(DType dtype, ReduceOp op, LoopSet* loops) {
-  if (dtype != DType::BFloat16) return false;
+namespace {
+bool has_avx512bf16() {
   static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
                                 __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx512f") &&
                                 __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
                                 __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16");
-  if (!supported) return false;
+  return supported;
+}
+}  // namespace
+
+bool avx512bf16_loops(DType dtype, ReduceOp op, LoopSet* loops) {
+  if (dtype != DType::BFloat16 || !has_avx512bf16()) return false;
   *loops = lanes_for_op<BFloat16Lanes16>(op);
+  return true;
+}
+
+bool avx512bf16_codec(Compression compression, LinkCodec* codec) {
+  if (compression != Compression::BFloat16 || !has_avx512bf16()) return false;
+  *codec = codec_lanes<BFloat16Lanes16>();
   return true;
 }
 
@@ -61,6 +72,7 @@ bool avx512bf16_loops(DType dtype, ReduceOp op, LoopSet* loops) {
 
 namespace ringreduce {
 bool avx512bf16_loops(DType, ReduceOp, LoopSet*) { return false; }
+bool avx512bf16_codec(Compression, LinkCodec*) { return false; }
 }  // namespace ringreduce
 
 #endif

@@ -20,7 +20,7 @@ bool is_16_bit_float(DType dtype) { return dtype == DType::Float16 || dtype == D
 class CudaReducer final : public Reducer {
  public:
   CudaReducer(DType dtype, ReduceOp op, int world, const DeviceQueue& queue)
-      : Reducer(dtype),
+      : Reducer(dtype, op),
         premultiply_(op == ReduceOp::Avg && is_16_bit_float(dtype)),
         op_(premultiply_ ? ReduceOp::Sum : op),
         world_(world),

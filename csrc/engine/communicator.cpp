@@ -166,8 +166,12 @@ void Communicator::run_resolved(const CollectiveArgs& args, const char* auto_rol
            "one_shot runs on host memory only; use ring or central for device tensors");
   RR_CHECK(args.input == nullptr || (stream_ == nullptr && args.collective == Collective::ReduceScatter),
            "a separate input is for host reduce-scatters only");
-  RR_CHECK(!hierarchical || has_hierarchy(), "hierarchical runs on a group whose ranks span several hosts with "
-           "several ranks on some host; this group is ", hosts_ ? hosts_->layout.describe() : "on one host",
+  const bool compressed = args.compression != Compression::None;
+  RR_CHECK(!compressed || (hierarchical && args.collective == Collective::AllReduce && args.dtype == DType::Float32 &&
+                           (args.op == ReduceOp::Sum || args.op == ReduceOp::Avg) && spans_hosts()),
+           "compression runs on a hierarchical float32 SUM or AVG all-reduce over several hosts only");
+  RR_CHECK(!hierarchical || has_hierarchy() || compressed, "hierarchical runs on a group whose ranks span several "
+           "hosts with several ranks on some host; this group is ", hosts_ ? hosts_->layout.describe() : "on one host",
            ": use ring, central or one_shot");
   RR_CHECK(!hierarchical || args.collective == Collective::AllReduce || (chunked && has_even_hierarchy()),
            "hierarchical ", collective_name(args.collective), " needs the same number of ranks on every host; this "
@@ -189,6 +193,7 @@ void Communicator::run_resolved(const CollectiveArgs& args, const char* auto_rol
   header.algorithm = static_cast<std::uint8_t>(args.algorithm);
   header.lanes = static_cast<std::uint8_t>(lanes);
   header.collective = static_cast<std::uint8_t>(args.collective);
+  header.compression = static_cast<std::uint8_t>(args.compression);
   const std::size_t chunk = args.numel / static_cast<std::size_t>(size());
   const std::int64_t traced_from = trace_ ? trace_clock_ns() : 0;
   try {
@@ -217,7 +222,8 @@ void Communicator::run_resolved(const CollectiveArgs& args, const char* auto_rol
               central_all_reduce(*transport_, reducer, args.data, args.numel, segment_bytes, args.root);
               break;
             case Algorithm::Hierarchical:
-              hierarchical_all_reduce(*transport_, *hosts_, reducer, args.data, args.numel, segment_bytes, lanes);
+              hierarchical_all_reduce(*transport_, *hosts_, reducer, args.data, args.numel, segment_bytes, lanes,
+                                      args.compression);
               break;
             default:
               one_shot_all_reduce(*transport_, reducer, args.data, host_scratch(args.numel * reducer.element_size()),

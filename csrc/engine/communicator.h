@@ -47,6 +47,8 @@ struct CollectiveArgs {
   int root = 0;                   // central reducer and broadcast only
   // Reduce-scatter on host memory: the input, when it is not in `data` (then working memory).
   const void* input = nullptr;
+  // A hierarchical float32 SUM or AVG all-reduce: the 16-bit format its values take between hosts.
+  Compression compression = Compression::None;
 };
 
 // The algorithm a call runs, by name ("ring", "central", "one_shot", "hierarchical", "auto").
@@ -77,6 +79,9 @@ class Communicator {
   // Whether the reduce-scatter and all-gather can run hierarchical too: the same number of ranks on
   // every host. Algorithm::Auto runs them so here, and flat elsewhere.
   bool has_even_hierarchy() const { return has_hierarchy() && hosts_->layout.even(); }
+  // Whether the group spans hosts: then a float32 SUM or AVG all-reduce can be compressed on the
+  // link between them (Algorithm::Hierarchical, also where every host has one rank).
+  bool spans_hosts() const { return hosts_ && hosts_->layout.hosts() > 1; }
   // What Algorithm::Auto runs for a reduce-scatter or all-gather here: hierarchical where it can
   // (it moves fewer bytes across hosts, in fewer steps), else the ring.
   Algorithm chunked_auto() const { return has_even_hierarchy() ? Algorithm::Hierarchical : Algorithm::Ring; }

@@ -11,6 +11,7 @@
 
 #include "algorithms/algorithms.h"
 #include "algorithms/schedule.h"
+#include "cpu/reducer.h"
 #include "hierarchy/subset_transport.h"
 
 namespace ringreduce {
@@ -27,12 +28,14 @@ SubsetTransport shard_ring(Transport& across, const HostLayout& layout, int shar
 // this host's transport; stage 2 over the transport that spans the hosts.
 class Stages {
  public:
-  Stages(Transport& across, HostTier& tier, const Reducer& reducer, std::size_t segment_bytes, std::size_t lanes)
+  Stages(Transport& across, HostTier& tier, const Reducer& reducer, std::size_t segment_bytes, std::size_t lanes,
+         Compression compression)
       : across_(across),
         tier_(tier),
         reducer_(reducer),
         segment_bytes_(segment_bytes),
         lanes_(lanes),
+        compression_(compression),
         neighbours_(static_cast<int>(tier.layout.ranks_of(tier.layout.host_of(across.rank())).size())) {}
 
   // Stage 1, inside the host: a reduce-scatter per round of shards leaves this rank with its shards
@@ -54,8 +57,30 @@ class Stages {
       const Span span = by_shard.chunk(shard);
       if (span.count == 0) continue;  // past the block's end, on every host alike
       SubsetTransport ring = shard_ring(across_, layout, shard);
-      ring_all_reduce(ring, reducer_, block + span.offset * elem(), span.count, segment_bytes_, lanes_);
+      char* values = block + span.offset * elem();
+      if (compression_ == Compression::None) {
+        ring_all_reduce(ring, reducer_, values, span.count, segment_bytes_, lanes_);
+      } else {
+        reduce_across_compressed(ring, reinterpret_cast<float*>(values), span.count);
+      }
     }
+  }
+
+  // One shard's ring across hosts in 16-bit values: what this rank sends of its own rounded once,
+  // one rounding per hop (LinkReducer), and every rank widens the same final bits into `values`.
+  void reduce_across_compressed(Transport& ring, float* values, std::size_t count) {
+    wire_.resize(std::max(wire_.size(), count));
+    const LinkCodec& codec = link_codec(compression_);
+    // Only the spans sent as they are need encoding: every other span of the wire is written by a
+    // reduction or a copy before it is read.
+    const std::vector<RingTransfer> transfers =
+        ring_schedule(count, sizeof(std::uint16_t), ring.size(), ring.rank(), segment_bytes_, lanes_);
+    for (const RingTransfer& t : transfers) {
+      if (t.send_own) codec.encode(wire_.data() + t.send.offset, values + t.send.offset, t.send.count);
+    }
+    const LinkReducer link(compression_, reducer_.op(), tier_.layout.world(), wire_.data(), values);
+    ring_all_reduce(ring, link, wire_.data(), count, segment_bytes_, lanes_);
+    codec.decode(values, wire_.data(), count);
   }
 
   // Stage 3, inside the host: the finished shards reach every rank of the host.
@@ -77,7 +102,9 @@ class Stages {
   const Reducer& reducer_;
   std::size_t segment_bytes_;
   std::size_t lanes_;
+  Compression compression_;
   int neighbours_;  // ranks on this rank's host
+  std::vector<std::uint16_t> wire_;  // a shard in the link's format (compressed only), reused block after block
 };
 
 // Where the two threads of a pipeline meet: block b may cross once the host has done its first part
@@ -266,10 +293,12 @@ std::vector<Span> hierarchical_blocks(std::size_t numel, std::size_t elem_size, 
 }
 
 void hierarchical_all_reduce(Transport& across, HostTier& tier, const Reducer& reducer, void* data, std::size_t numel,
-                             std::size_t segment_bytes, std::size_t lanes) {
+                             std::size_t segment_bytes, std::size_t lanes, Compression compression) {
+  RR_CHECK(compression == Compression::None || reducer.dtype() == DType::Float32,
+           "the link between hosts compresses float32 only, not ", dtype_name(reducer.dtype()));
   const std::size_t elem = reducer.element_size();
   char* base = static_cast<char*>(data);
-  Stages stages(across, tier, reducer, segment_bytes, lanes);
+  Stages stages(across, tier, reducer, segment_bytes, lanes, compression);
   const std::vector<Span> blocks = hierarchical_blocks(numel, elem);
   auto at = [&](std::size_t b) { return base + blocks[b].offset * elem; };
   if (!tier.neighbours) {  // alone on this host: the link is all there is

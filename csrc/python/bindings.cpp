@@ -65,11 +65,18 @@ Algorithm checked_algorithm(int algorithm_code) {
   return static_cast<Algorithm>(algorithm_code);
 }
 
+Compression checked_compression(int compression_code) {
+  if (compression_code < 0 || compression_code > static_cast<int>(Compression::Float16)) {
+    throw std::invalid_argument(detail::concat("ringreduce: bad compression code ", compression_code));
+  }
+  return static_cast<Compression>(compression_code);
+}
+
 py::object all_reduce(Communicator& communicator, const at::Tensor& tensor, int op_code, int algorithm_code,
-                      std::size_t segment_bytes, int root, bool async_op) {
+                      std::size_t segment_bytes, int root, bool async_op, int compression_code) {
   return to_python(submit(communicator,
                           all_reduce_call(communicator, tensor, checked_op(op_code), checked_algorithm(algorithm_code),
-                                          segment_bytes, root),
+                                          segment_bytes, root, checked_compression(compression_code)),
                           async_op));
 }
 
@@ -251,7 +258,7 @@ PYBIND11_MODULE(_C, m) {
            "whether algorithm='auto' learns the algorithm of an all-reduce of `bytes` here (else a table or the prior "
            "decides)")
       .def("all_reduce", &all_reduce, py::arg("tensor"), py::arg("op"), py::arg("algorithm"), py::arg("segment_bytes"),
-           py::arg("root"), py::arg("async_op"))
+           py::arg("root"), py::arg("async_op"), py::arg("compression") = 0)
       .def("reduce_scatter", &reduce_scatter, py::arg("output"), py::arg("input"), py::arg("op"),
            py::arg("algorithm"), py::arg("segment_bytes"), py::arg("async_op"))
       .def("all_gather", &all_gather, py::arg("output"), py::arg("input"), py::arg("algorithm"),

@@ -372,11 +372,42 @@ Algorithm chunked_algorithm(const Communicator& communicator, Algorithm algorith
                                        "' does not run here; use 'auto', 'ring' or 'hierarchical'"));
 }
 
+// The compression an all-reduce runs with: the one asked for where there is a link between hosts
+// to compress and the values gain from it (float32 SUM or AVG), with the algorithm that compresses;
+// elsewhere none, said once under RINGREDUCE_DEBUG=INFO. An algorithm that never crosses compressed
+// is refused.
+Compression link_compression(const Communicator& communicator, Compression asked, DType dtype, ReduceOp op,
+                             Algorithm* algorithm) {
+  if (asked == Compression::None) return asked;
+  if (*algorithm != Algorithm::Auto && *algorithm != Algorithm::Hierarchical) {
+    throw std::invalid_argument(detail::concat(
+        "ringreduce: compress='", compression_name(asked), "' runs on the hierarchical all-reduce's link between "
+        "hosts; algorithm '", algorithm_name(*algorithm), "' moves every value exact. Use algorithm 'auto' or "
+        "'hierarchical' with it, or compress=None"));
+  }
+  const char* exact_because = nullptr;
+  if (!communicator.spans_hosts()) {
+    exact_because = "there is no link between hosts to compress";
+  } else if (dtype != DType::Float32) {
+    exact_because = "only float32 values are compressed (16-bit ones already cross in 16 bits)";
+  } else if (op != ReduceOp::Sum && op != ReduceOp::Avg) {
+    exact_because = "only SUM and AVG are compressed";
+  }
+  if (exact_because != nullptr) {
+    debug_info(detail::concat("compress='", compression_name(asked), "' on ", hosts_of(communicator), ": a ",
+                              dtype_name(dtype), " ", op_name(op), " all-reduce runs exact, as ", exact_because));
+    return Compression::None;
+  }
+  *algorithm = Algorithm::Hierarchical;
+  return asked;
+}
+
 }  // namespace
 
 Call all_reduce_call(Communicator& communicator, const at::Tensor& tensor, ReduceOp op, Algorithm algorithm,
-                     std::size_t segment_bytes, int root) {
+                     std::size_t segment_bytes, int root, Compression compression) {
   const DType dtype = to_dtype(tensor, op);
+  compression = link_compression(communicator, compression, dtype, op, &algorithm);
   if (algorithm == Algorithm::OneShot && communicator.stream_context() != nullptr) {
     throw std::invalid_argument("ringreduce: algorithm 'one_shot' runs on host transports only; use 'auto', 'ring' "
                                 "or 'central' on a device (CUDA, or the simulated one)");
@@ -401,6 +432,7 @@ Call all_reduce_call(Communicator& communicator, const at::Tensor& tensor, Reduc
   const at::Tensor buffer = contiguous_stand_in(tensor);
   call.args = {Collective::AllReduce, buffer.data_ptr(), static_cast<std::size_t>(buffer.numel()), dtype, op, algorithm,
                segment_bytes, root};
+  call.args.compression = compression;
   call.results = {tensor};
   if (!buffer.is_same(tensor)) call.after = {{buffer, tensor}};
   return call;

@@ -34,8 +34,10 @@ struct Call {
 ReduceOp checked_op(int op_code);
 
 // The calls, checked against torch's rules (ValueError/TypeError naming what is wrong).
+// With a `compression`, a float32 SUM or AVG on a group that spans hosts runs hierarchical,
+// compressed between hosts (Auto or Hierarchical only); anything else runs exact.
 Call all_reduce_call(Communicator& communicator, const at::Tensor& tensor, ReduceOp op, Algorithm algorithm,
-                     std::size_t segment_bytes, int root);
+                     std::size_t segment_bytes, int root, Compression compression = Compression::None);
 // A reduce-scatter or all-gather runs Auto (hierarchical where every host has the same number of
 // ranks, else the ring), Ring or Hierarchical.
 Call reduce_scatter_call(Communicator& communicator, const at::Tensor& output, const at::Tensor& input, ReduceOp op,

@@ -16,7 +16,7 @@ import sys
 from ringreduce.bench.hosts import EmulatedHosts, available
 from ringreduce.bench.report import human_bytes
 
-ROWS = ("gloo", "ring", "hierarchical", "auto")
+ROWS = ("gloo", "ring", "hierarchical", "auto", "bf16", "fp16")
 # The collectives timed across hosts (--collective), and the share of an all-reduce's bytes each moves.
 LINK_SHARE = {"all_reduce": 1.0, "reduce_scatter": 0.5, "all_gather": 0.5}
 # Trials per row and the time each row and size gets in all. At 2 Gbit/s a 64 MiB call takes about

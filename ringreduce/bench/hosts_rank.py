@@ -21,6 +21,8 @@ ROWS = {
         "ring": lambda b: ringreduce.all_reduce(b.whole, algorithm="ring"),
         "hierarchical": lambda b: ringreduce.all_reduce(b.whole, algorithm="hierarchical"),
         "auto": lambda b: ringreduce.all_reduce(b.whole, algorithm="auto"),
+        "bf16": lambda b: ringreduce.all_reduce(b.whole, compress="bf16"),
+        "fp16": lambda b: ringreduce.all_reduce(b.whole, compress="fp16"),
     },
     "reduce_scatter": {
         "gloo": lambda b: dist.reduce_scatter_tensor(b.piece, b.whole),

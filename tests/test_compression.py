@@ -1,0 +1,118 @@
+"""all_reduce(compress=...): float32 values cross the link between hosts in bf16 or fp16, exact
+inside each host. Hosts are emulated with RINGREDUCE_HOST_NAME, as in tests/test_hierarchy.py.
+
+The error bound checked: a value is rounded to the 16-bit format once per host on its way round the
+ring between hosts (H hosts: H roundings, each at most u relative to the partial sum it rounds,
+u = 2^-8 for bf16 and 2^-11 for fp16), and float32 adds at most 2^-24 per addition (the sums inside a
+host, each hop's addition, an AVG's division). Without cancellation the partial sums are at most
+the final sum, so the result is within (1 + u)^H (1 + 2^-24)^(N+1) - 1 of it; with cancellation the
+same bound holds against the sum of magnitudes instead."""
+
+import contextlib
+import functools
+import io
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import ringreduce
+from multiproc import run_ranks
+
+R = dist.ReduceOp
+UNIT_ROUNDOFF = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}
+WIDE = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# Element counts: empty, one, ragged around the world size, one block of many segments, and more
+# than one pipeline block (kHierarchicalBlockBytes is 4 MiB of float32: 1,048,576 elements).
+SIZES = (0, 1, 6, 99_991, 1_300_007)
+
+
+def _host_env(layout, rank):
+    return {"RINGREDUCE_HOST_NAME": f"host-{layout[rank]}", "RINGREDUCE_DEBUG": "INFO"}
+
+
+def _gathered(tensor):
+    everyone = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, tensor)
+    return everyone
+
+
+def _bound(compress, hosts, world):
+    return (1 + UNIT_ROUNDOFF[compress]) ** hosts * (1 + 2.0 ** -24) ** (world + 1) - 1
+
+
+def _check_sizes(rank, world, hosts, compress, op, signed):
+    """Every size compressed: the same bits on every rank, values of the 16-bit format, within the
+    bound of the float64 sum (or of the sum of magnitudes, with cancellation). Returns the largest
+    error seen, relative to its bound's scale."""
+    worst = 0.0
+    for numel in SIZES:
+        gen = torch.Generator().manual_seed(100 * rank + numel % 97)
+        data = torch.randn(numel, generator=gen) if signed else torch.rand(numel, generator=gen) + 0.25
+        inputs = _gathered(data)
+        exact = torch.stack([t.double() for t in inputs]).sum(0)
+        scale = torch.stack([t.double().abs() for t in inputs]).sum(0) if signed else exact
+        if op == R.AVG:
+            exact, scale = exact / world, scale / world
+        mine = data.clone()
+        ringreduce.all_reduce(mine, op, compress=compress, segment_bytes=8192 if numel < 200_000 else None)
+        assert torch.equal(mine, mine.to(WIDE[compress]).float()), f"{compress} numel={numel}: not {compress} values"
+        for theirs in _gathered(mine):
+            assert torch.equal(theirs, mine), f"{compress} numel={numel}: ranks hold different bits"
+        if numel:
+            error = ((mine.double() - exact).abs() / scale).max().item()
+            assert error <= _bound(compress, hosts, world), f"{compress} {op} numel={numel}: error {error}"
+            worst = max(worst, error)
+    return worst
+
+
+def _compressed(rank, world, layout):
+    hosts = len(set(layout))
+    worst = {}
+    for compress in ("bf16", "fp16"):
+        for op in (R.SUM, R.AVG):
+            worst[compress, str(op), False] = _check_sizes(rank, world, hosts, compress, op, signed=False)
+        worst[compress, "sum", True] = _check_sizes(rank, world, hosts, compress, R.SUM, signed=True)
+
+    # Where compression does not apply the call runs exact, bit for bit the uncompressed call's.
+    for dtype, op in ((torch.float64, R.SUM), (torch.float32, R.MAX), (torch.bfloat16, R.SUM)):
+        data = (torch.arange(1000, dtype=torch.float64) * 0.37 + rank).to(dtype)
+        compressed, plain = data.clone(), data.clone()
+        ringreduce.all_reduce(compressed, op, algorithm="hierarchical", compress="bf16")
+        ringreduce.all_reduce(plain, op, algorithm="hierarchical")
+        assert torch.equal(compressed, plain), f"{dtype} {op} with compress changed the result"
+
+    # Only the hierarchical all-reduce compresses: other algorithms and names are refused, the tensor untouched.
+    tensor = torch.full((10,), float(rank))
+    with pytest.raises(ValueError, match="algorithm 'ring' moves every value exact"):
+        ringreduce.all_reduce(tensor, algorithm="ring", compress="bf16")
+    with pytest.raises(ValueError, match="unknown compress 'int4'"):
+        ringreduce.all_reduce(tensor, compress="int4")
+    assert torch.equal(tensor, torch.full((10,), float(rank)))
+
+    # A group inside one host has no link to compress: exact, and said under RINGREDUCE_DEBUG=INFO.
+    host_groups = {host: dist.new_group([r for r in range(world) if layout[r] == host]) for host in sorted(set(layout))}
+    data = torch.rand(5000, generator=torch.Generator().manual_seed(rank))
+    compressed, plain = data.clone(), data.clone()
+    said = io.StringIO()
+    with contextlib.redirect_stderr(said):
+        ringreduce.all_reduce(compressed, group=host_groups[layout[rank]], compress="bf16")
+    ringreduce.all_reduce(plain, group=host_groups[layout[rank]], algorithm="ring")
+    assert torch.equal(compressed, plain)
+    if layout.count(layout[rank]) > 1:
+        assert "there is no link between hosts to compress" in said.getvalue(), said.getvalue()
+
+    # Ranks that disagree on compression all raise, naming it.
+    tensor = torch.ones(4096)
+    with pytest.raises(RuntimeError, match="compressed to bf16 across hosts"):
+        ringreduce.all_reduce(tensor, compress="bf16" if rank == 0 else None, algorithm="hierarchical")
+    return worst
+
+
+@pytest.mark.parametrize("layout", ["aabb", "aabcc"])
+def test_compressed_link_is_within_its_bound_and_the_same_on_every_rank(layout):
+    worst = run_ranks(len(layout), _compressed, layout, env=functools.partial(_host_env, layout))
+    assert all(w == worst[0] for w in worst)
+    for (compress, op, signed), error in worst[0].items():
+        # Compression did round: the errors reach a good part of the bound.
+        assert _bound(compress, len(set(layout)), len(layout)) / 10 < error, (compress, op, signed, error)
