@@ -7,7 +7,8 @@ All-reduce (also coalesced), reduce-scatter and all-gather (tensor and list form
 reduce and barrier run on ringreduce's engine; gather, scatter, all-to-all and send/recv go to a
 gloo backend on the same store (CUDA tensors: torch's NCCL backend). Every group made with ``new_group`` gets its own.
 ``RINGREDUCE_ALGORITHM`` (auto, ring, central, one_shot or hierarchical) picks the all-reduce algorithm; auto by
-default (see ringreduce.tuning).
+default (see ringreduce.tuning). ``RINGREDUCE_COMPRESS`` (bf16 or fp16; none by default) sends float32 SUM and AVG
+all-reduces and reduce-scatters between hosts in 16 bits (docs/compression.md); every rank must set the same.
 
 When ranks die, every survivor raises ringreduce.RanksLostError naming them, and
 ``dist.shrink_group(lost)`` gives the survivors a group of their own (see docs/elastic.md).
@@ -22,13 +23,15 @@ import torch
 import torch.distributed as dist
 
 from ringreduce import _C, _debug
-from ringreduce._checks import algorithm_code
+from ringreduce._checks import algorithm_code, compression_code
 from ringreduce._errors import RanksLostError
 from ringreduce._groups import agree_on_auto_table, host_identity, host_labels, host_summary, probe_address
 
 NAME = "ringreduce"
 # The all-reduce algorithm of every ringreduce backend of the process (auto by default).
 ALGORITHM_ENV = "RINGREDUCE_ALGORITHM"
+# The 16-bit format of float32 SUM and AVG all-reduces and reduce-scatters between hosts (none by default).
+COMPRESS_ENV = "RINGREDUCE_COMPRESS"
 # The devices whose tensors a group of the backend serves (a shrunk group too: ringreduce.elastic).
 DEVICES = ("cpu", "cuda")
 
@@ -52,6 +55,7 @@ def _create(store, rank, size, timeout, build_timeout_s=None):
     build_s = min(timeout_s, build_timeout_s or timeout_s)
     algorithm = os.environ.get(ALGORITHM_ENV, "auto")
     code = algorithm_code(algorithm)
+    compression = _compression(algorithm)
     fallback = _gloo(dist.PrefixStore("fallback/", store), rank, size, timeout_s, build_s)
     hosts = host_labels(dist.PrefixStore("hosts/", store), rank, size)
     if len(set(hosts)) == 1:
@@ -67,7 +71,8 @@ def _create(store, rank, size, timeout, build_timeout_s=None):
                          f"this group has {cpu.hosts or 'every rank on one host'}. Unset it, or choose ring, central, "
                          "one_shot or auto")
     _debug.info_once(("backend", id(cpu)),
-                     f"backend rank {rank}/{size}: CPU transport {cpu.transport} ({why}), all-reduce {algorithm}; "
+                     f"backend rank {rank}/{size}: CPU transport {cpu.transport} ({why}), all-reduce {algorithm}"
+                     f"{f', {COMPRESS_ENV}={os.environ[COMPRESS_ENV]}' if compression else ''}; "
                      "gather, scatter, all-to-all and send/recv go to gloo (CUDA tensors: nccl)")
 
     # CUDA tensors of the delegated ops go to torch's NCCL backend, which makes its communicators
@@ -79,7 +84,22 @@ def _create(store, rank, size, timeout, build_timeout_s=None):
     members = dist.PrefixStore("membership/", store)
     membership = _C.Membership(dist.PrefixStore("membership/", store.clone()), members, rank, size, host_identity(),
                                probe_address(store), timeout_s)
-    return _C.Backend(store, rank, size, timeout_s, cpu, fallback, cuda_fallback, code, _debug.enabled(), membership)
+    return _C.Backend(store, rank, size, timeout_s, cpu, fallback, cuda_fallback, code, _debug.enabled(), membership,
+                      compression)
+
+
+def _compression(algorithm):
+    """The engine code of RINGREDUCE_COMPRESS, checked against the algorithm."""
+    compress = os.environ.get(COMPRESS_ENV, "").lower() or None
+    try:
+        code = compression_code(compress)
+    except ValueError:
+        raise ValueError(f"{COMPRESS_ENV}={os.environ[COMPRESS_ENV]!r} is not a compression; set bf16, fp16 or none, "
+                         "or unset it") from None
+    if code and algorithm not in ("auto", "hierarchical"):
+        raise ValueError(f"{COMPRESS_ENV}={compress} compresses the hierarchical all-reduce's link between hosts; "
+                         f"{ALGORITHM_ENV}={algorithm} never crosses compressed. Unset one of them")
+    return code
 
 
 def _gloo(store, rank, size, timeout_s, build_s):

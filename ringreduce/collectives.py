@@ -102,7 +102,7 @@ def _tensor_pair(output, input, name):
 
 
 def reduce_scatter_tensor(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False, *, segment_bytes=None,
-                          transport=None, algorithm="auto"):
+                          transport=None, algorithm="auto", compress=None):
     """Reduce ``input`` across the ranks of ``group`` and leave rank r's share in ``output``, like
     ``torch.distributed.reduce_scatter_tensor``: the ring's first half.
 
@@ -113,15 +113,19 @@ def reduce_scatter_tensor(output, input, op=dist.ReduceOp.SUM, group=None, async
     ``algorithm``: ``"ring"``, ``"hierarchical"`` (a group that spans hosts with the same number of
     ranks on each: shared memory inside each host, then each host's link carries (H-1)/H of
     ``input`` for H hosts), or ``"auto"`` (the default: hierarchical wherever it runs, else ring).
+
+    ``compress``: as all_reduce's, where the reduce-scatter runs hierarchical (the same number of
+    ranks on every host): each rank's share crosses hosts in bf16 or fp16, summed in float32.
     """
     _tensor_pair(output, input, "reduce_scatter_tensor")
     code = op_code(op)
+    compression = compression_code(compress)
     check_tensor(input, code)
     if _outside(group, "reduce_scatter_tensor"):
         return None
     comm = communicator(group, input, transport, "ring")
     work = comm.reduce_scatter(output, input, code, algorithm_code(algorithm), check_segment_bytes(segment_bytes),
-                               async_op)
+                               async_op, compression)
     return work if async_op else None
 
 

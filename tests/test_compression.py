@@ -66,6 +66,21 @@ def _check_sizes(rank, world, hosts, compress, op, signed):
     return worst
 
 
+def _check_reduce_scatter(rank, world, hosts, compress, op):
+    """Reduce-scatters compressed: each rank's share within the bound, of the 16-bit format."""
+    for chunk in (1, 7, 99_991, 300_007):  # the last in two pipeline blocks
+        gen = torch.Generator().manual_seed(7 * rank + chunk)
+        data = torch.rand(chunk * world, generator=gen) + 0.25
+        exact = torch.stack([t.double() for t in _gathered(data)]).sum(0).view(world, chunk)[rank]
+        if op == R.AVG:
+            exact = exact / world
+        mine = torch.empty(chunk)
+        ringreduce.reduce_scatter_tensor(mine, data, op, compress=compress)
+        assert torch.equal(mine, mine.to(WIDE[compress]).float()), f"{compress} chunk={chunk}: not {compress} values"
+        error = ((mine.double() - exact).abs() / exact).max().item()
+        assert error <= _bound(compress, hosts, world), f"reduce_scatter {compress} {op} chunk={chunk}: error {error}"
+
+
 def _compressed(rank, world, layout):
     hosts = len(set(layout))
     worst = {}
@@ -73,6 +88,19 @@ def _compressed(rank, world, layout):
         for op in (R.SUM, R.AVG):
             worst[compress, str(op), False] = _check_sizes(rank, world, hosts, compress, op, signed=False)
         worst[compress, "sum", True] = _check_sizes(rank, world, hosts, compress, R.SUM, signed=True)
+        if len(set(layout.count(h) for h in layout)) == 1:  # the same number of ranks on every host
+            _check_reduce_scatter(rank, world, hosts, compress, R.AVG if compress == "fp16" else R.SUM)
+
+    # A reduce-scatter over uneven hosts runs flat, and exact.
+    if len(set(layout.count(h) for h in layout)) > 1:
+        data = torch.arange(world * 100, dtype=torch.float32) / 7 + rank
+        compressed, plain = torch.empty(100), torch.empty(100)
+        said = io.StringIO()
+        with contextlib.redirect_stderr(said):
+            ringreduce.reduce_scatter_tensor(compressed, data, compress="bf16")
+        ringreduce.reduce_scatter_tensor(plain, data)
+        assert torch.equal(compressed, plain)
+        assert "where every host has the same number (2 or more) of ranks" in said.getvalue(), said.getvalue()
 
     # Where compression does not apply the call runs exact, bit for bit the uncompressed call's.
     for dtype, op in ((torch.float64, R.SUM), (torch.float32, R.MAX), (torch.bfloat16, R.SUM)):
@@ -116,3 +144,54 @@ def test_compressed_link_is_within_its_bound_and_the_same_on_every_rank(layout):
     for (compress, op, signed), error in worst[0].items():
         # Compression did round: the errors reach a good part of the bound.
         assert _bound(compress, len(set(layout)), len(layout)) / 10 < error, (compress, op, signed, error)
+
+
+def _backend_compresses(rank, world):
+    """RINGREDUCE_COMPRESS=bf16 on the backend: torch's float32 all-reduce and reduce-scatter cross
+    compressed (bf16 values within the bound), MAX stays exact."""
+    data = torch.rand(50_000, generator=torch.Generator().manual_seed(rank)) + 0.25
+    inputs = _gathered(data)
+    exact = torch.stack([t.double() for t in inputs]).sum(0)
+    mine = data.clone()
+    dist.all_reduce(mine)
+    assert torch.equal(mine, mine.bfloat16().float())
+    assert ((mine.double() - exact).abs() / exact).max().item() <= _bound("bf16", 2, world)
+    share = torch.empty(50_000 // world)
+    dist.reduce_scatter_tensor(share, data)
+    assert torch.equal(share, share.bfloat16().float())
+    assert ((share.double() - exact.view(world, -1)[rank]).abs() / exact.view(world, -1)[rank]).max() <= _bound("bf16", 2, world)
+    largest = data.clone()
+    dist.all_reduce(largest, dist.ReduceOp.MAX)
+    assert torch.equal(largest, torch.stack(inputs).max(0).values)
+    return True
+
+
+def _setting_env(settings, rank):
+    """2 hosts x 2 ranks, rank r with RINGREDUCE_COMPRESS=settings[r]."""
+    return {**_host_env("aabb", rank), "RINGREDUCE_COMPRESS": settings[rank]}
+
+
+def test_the_backend_compresses_from_its_setting():
+    env = functools.partial(_setting_env, ["bf16"] * 4)
+    assert run_ranks(4, _backend_compresses, backend="ringreduce", env=env) == [True] * 4
+
+
+def _disagreeing_backend(rank, world):
+    with pytest.raises(ringreduce.MismatchError, match="compressed to bf16 across hosts"):
+        dist.all_reduce(torch.ones(1000))
+    return True
+
+
+def test_ranks_that_set_different_compressions_all_raise():
+    env = functools.partial(_setting_env, ["bf16", "none", "none", "none"])
+    assert run_ranks(4, _disagreeing_backend, backend="ringreduce", env=env) == [True] * 4
+
+
+@pytest.mark.parametrize("setting, algorithm, refused", [
+    ("bf17", "auto", "RINGREDUCE_COMPRESS='bf17' is not a compression"),
+    ("fp16", "ring", "RINGREDUCE_ALGORITHM=ring never crosses compressed"),
+])
+def test_the_backend_refuses_a_bad_setting(monkeypatch, setting, algorithm, refused):
+    monkeypatch.setenv("RINGREDUCE_COMPRESS", setting)
+    with pytest.raises(ValueError, match=refused):
+        ringreduce.backend._compression(algorithm)

@@ -167,9 +167,10 @@ void Communicator::run_resolved(const CollectiveArgs& args, const char* auto_rol
   RR_CHECK(args.input == nullptr || (stream_ == nullptr && args.collective == Collective::ReduceScatter),
            "a separate input is for host reduce-scatters only");
   const bool compressed = args.compression != Compression::None;
-  RR_CHECK(!compressed || (hierarchical && args.collective == Collective::AllReduce && args.dtype == DType::Float32 &&
-                           (args.op == ReduceOp::Sum || args.op == ReduceOp::Avg) && spans_hosts()),
-           "compression runs on a hierarchical float32 SUM or AVG all-reduce over several hosts only");
+  RR_CHECK(!compressed || (hierarchical && args.dtype == DType::Float32 &&
+                           (args.op == ReduceOp::Sum || args.op == ReduceOp::Avg) && spans_hosts() &&
+                           (args.collective == Collective::AllReduce || args.collective == Collective::ReduceScatter)),
+           "compression runs on a hierarchical float32 SUM or AVG all-reduce or reduce-scatter over several hosts only");
   RR_CHECK(!hierarchical || has_hierarchy() || compressed, "hierarchical runs on a group whose ranks span several "
            "hosts with several ranks on some host; this group is ", hosts_ ? hosts_->layout.describe() : "on one host",
            ": use ring, central or one_shot");
@@ -234,7 +235,7 @@ void Communicator::run_resolved(const CollectiveArgs& args, const char* auto_rol
           if (hierarchical) {
             hierarchical_reduce_scatter(*transport_, *hosts_, reducer, args.input != nullptr ? args.input : args.data,
                                         args.data, host_scratch(args.numel * reducer.element_size()), chunk,
-                                        segment_bytes, lanes);
+                                        segment_bytes, lanes, args.compression);
           } else {
             ring_reduce_scatter(*transport_, reducer, args.data, chunk, segment_bytes, lanes, args.input);
           }

@@ -47,7 +47,8 @@ struct CollectiveArgs {
   int root = 0;                   // central reducer and broadcast only
   // Reduce-scatter on host memory: the input, when it is not in `data` (then working memory).
   const void* input = nullptr;
-  // A hierarchical float32 SUM or AVG all-reduce: the 16-bit format its values take between hosts.
+  // A hierarchical float32 SUM or AVG all-reduce or reduce-scatter: the 16-bit format its values
+  // take between hosts.
   Compression compression = Compression::None;
 };
 

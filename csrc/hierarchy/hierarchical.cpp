@@ -24,6 +24,47 @@ SubsetTransport shard_ring(Transport& across, const HostLayout& layout, int shar
   return SubsetTransport(across, std::move(holders));
 }
 
+// The 16-bit copy of a shard that a compressed ring between hosts runs on (LinkReducer), kept
+// for the blocks after.
+class Wire {
+ public:
+  Wire() = default;  // uncompressed
+  Wire(Compression compression, const Reducer& reducer, int world)
+      : compression_(compression),
+        codec_(compression == Compression::None ? nullptr : &link_codec(compression)),
+        op_(reducer.op()),
+        world_(world) {
+    RR_CHECK(compression == Compression::None || reducer.dtype() == DType::Float32,
+             "the link between hosts compresses float32 only, not ", dtype_name(reducer.dtype()));
+  }
+
+  bool compressed() const { return codec_ != nullptr; }
+
+  // The wire for `count` values, with what `transfers` (this rank's part of the ring) send as they
+  // are rounded into it: every other span of the wire is written by a reduction or a copy before it
+  // is read.
+  std::uint16_t* load(const float* values, std::size_t count, const std::vector<RingTransfer>& transfers) {
+    wire_.resize(std::max(wire_.size(), count));
+    for (const RingTransfer& t : transfers) {
+      if (t.send_own) codec_->encode(wire_.data() + t.send.offset, values + t.send.offset, t.send.count);
+    }
+    return wire_.data();
+  }
+  // The reducer of the ring on the wire, adding `values` (what load() was given).
+  LinkReducer reducer(const float* values) const { return LinkReducer(compression_, op_, world_, wire_.data(), values); }
+  // Widens `span` of the finished wire back into `values`.
+  void unload(float* values, Span span) const { codec_->decode(values + span.offset, wire_.data() + span.offset, span.count); }
+
+ private:
+  Compression compression_ = Compression::None;
+  const LinkCodec* codec_ = nullptr;
+  ReduceOp op_ = ReduceOp::Sum;
+  int world_ = 0;
+  std::vector<std::uint16_t> wire_;
+};
+
+constexpr std::size_t kWireElem = sizeof(std::uint16_t);
+
 // One block of the buffer through the three stages. Stage 1 and 3 run on the caller's thread, over
 // this host's transport; stage 2 over the transport that spans the hosts.
 class Stages {
@@ -35,8 +76,8 @@ class Stages {
         reducer_(reducer),
         segment_bytes_(segment_bytes),
         lanes_(lanes),
-        compression_(compression),
-        neighbours_(static_cast<int>(tier.layout.ranks_of(tier.layout.host_of(across.rank())).size())) {}
+        neighbours_(static_cast<int>(tier.layout.ranks_of(tier.layout.host_of(across.rank())).size())),
+        wire_(compression, reducer, tier.layout.world()) {}
 
   // Stage 1, inside the host: a reduce-scatter per round of shards leaves this rank with its shards
   // of the block reduced over the host. The elements' last reductions come across hosts.
@@ -58,29 +99,21 @@ class Stages {
       if (span.count == 0) continue;  // past the block's end, on every host alike
       SubsetTransport ring = shard_ring(across_, layout, shard);
       char* values = block + span.offset * elem();
-      if (compression_ == Compression::None) {
-        ring_all_reduce(ring, reducer_, values, span.count, segment_bytes_, lanes_);
-      } else {
+      if (wire_.compressed()) {
         reduce_across_compressed(ring, reinterpret_cast<float*>(values), span.count);
+      } else {
+        ring_all_reduce(ring, reducer_, values, span.count, segment_bytes_, lanes_);
       }
     }
   }
 
   // One shard's ring across hosts in 16-bit values: what this rank sends of its own rounded once,
-  // one rounding per hop (LinkReducer), and every rank widens the same final bits into `values`.
+  // one rounding per hop, and every rank widens the same final bits into `values`.
   void reduce_across_compressed(Transport& ring, float* values, std::size_t count) {
-    wire_.resize(std::max(wire_.size(), count));
-    const LinkCodec& codec = link_codec(compression_);
-    // Only the spans sent as they are need encoding: every other span of the wire is written by a
-    // reduction or a copy before it is read.
-    const std::vector<RingTransfer> transfers =
-        ring_schedule(count, sizeof(std::uint16_t), ring.size(), ring.rank(), segment_bytes_, lanes_);
-    for (const RingTransfer& t : transfers) {
-      if (t.send_own) codec.encode(wire_.data() + t.send.offset, values + t.send.offset, t.send.count);
-    }
-    const LinkReducer link(compression_, reducer_.op(), tier_.layout.world(), wire_.data(), values);
-    ring_all_reduce(ring, link, wire_.data(), count, segment_bytes_, lanes_);
-    codec.decode(values, wire_.data(), count);
+    std::uint16_t* wire =
+        wire_.load(values, count, ring_schedule(count, kWireElem, ring.size(), ring.rank(), segment_bytes_, lanes_));
+    ring_all_reduce(ring, wire_.reducer(values), wire, count, segment_bytes_, lanes_);
+    wire_.unload(values, Span{0, count});
   }
 
   // Stage 3, inside the host: the finished shards reach every rank of the host.
@@ -102,9 +135,8 @@ class Stages {
   const Reducer& reducer_;
   std::size_t segment_bytes_;
   std::size_t lanes_;
-  Compression compression_;
   int neighbours_;  // ranks on this rank's host
-  std::vector<std::uint16_t> wire_;  // a shard in the link's format (compressed only), reused block after block
+  Wire wire_;
 };
 
 // Where the two threads of a pipeline meet: block b may cross once the host has done its first part
@@ -204,7 +236,7 @@ Transport& host_transport(HostTier& tier) {
 class Columns {
  public:
   Columns(Transport& across, HostTier& tier, std::size_t chunk_elems, std::size_t elem, void* data, void* staging,
-          std::size_t segment_bytes, std::size_t lanes)
+          std::size_t segment_bytes, std::size_t lanes, Wire wire = Wire())
       : across_(across),
         layout_(tier.layout),
         within_(host_transport(tier)),
@@ -214,7 +246,8 @@ class Columns {
         staging_(static_cast<char*>(staging)),
         segment_bytes_(segment_bytes),
         lanes_(lanes),
-        blocks_(hierarchical_blocks(chunk_elems, elem, layout_.world())) {}
+        blocks_(hierarchical_blocks(chunk_elems, elem, layout_.world())),
+        wire_(std::move(wire)) {}
 
   std::size_t blocks() const { return blocks_.size(); }
 
@@ -238,10 +271,20 @@ class Columns {
   void gather_within(std::size_t b) { ring_all_gather(within_, elem_, block(b), within_layout(b), within_lanes()); }
 
   // Across hosts: column j's ranks, one per host, reduce-scatter it (host h's rank ending with host
-  // h's run: its own), or gather it.
+  // h's run: its own), or gather it. Compressed, the ring runs on the wire and only this rank's
+  // run is widened back.
   void reduce_across(std::size_t b, const Reducer& reducer) {
     SubsetTransport ring = shard_ring(across_, layout_, column());
-    ring_reduce_scatter(ring, reducer, column_of(b), across_layout(b), lanes_, /*finishes=*/true);
+    if (!wire_.compressed()) {
+      ring_reduce_scatter(ring, reducer, column_of(b), across_layout(b), lanes_, /*finishes=*/true);
+      return;
+    }
+    float* values = reinterpret_cast<float*>(column_of(b));
+    const SegmentLayout on_wire = chunk_layout(blocks_[b].count, kWireElem, layout_.hosts(), segment_bytes_);
+    std::uint16_t* wire = wire_.load(values, on_wire.numel,
+                                     ring_schedule(on_wire, ring.size(), ring.rank(), lanes_, RingPhases::ReduceScatter));
+    ring_reduce_scatter(ring, wire_.reducer(values), wire, on_wire, lanes_, /*finishes=*/true);
+    wire_.unload(values, on_wire.chunk(ring.rank()));
   }
   void gather_across(std::size_t b) {
     SubsetTransport ring = shard_ring(across_, layout_, column());
@@ -279,6 +322,7 @@ class Columns {
   std::size_t segment_bytes_;
   std::size_t lanes_;
   std::vector<Span> blocks_;  // runs of a chunk
+  Wire wire_;                 // a compressed reduce-scatter's
 };
 
 }  // namespace
@@ -294,8 +338,6 @@ std::vector<Span> hierarchical_blocks(std::size_t numel, std::size_t elem_size, 
 
 void hierarchical_all_reduce(Transport& across, HostTier& tier, const Reducer& reducer, void* data, std::size_t numel,
                              std::size_t segment_bytes, std::size_t lanes, Compression compression) {
-  RR_CHECK(compression == Compression::None || reducer.dtype() == DType::Float32,
-           "the link between hosts compresses float32 only, not ", dtype_name(reducer.dtype()));
   const std::size_t elem = reducer.element_size();
   char* base = static_cast<char*>(data);
   Stages stages(across, tier, reducer, segment_bytes, lanes, compression);
@@ -313,8 +355,9 @@ void hierarchical_all_reduce(Transport& across, HostTier& tier, const Reducer& r
 
 void hierarchical_reduce_scatter(Transport& across, HostTier& tier, const Reducer& reducer, const void* source,
                                  void* data, void* staging, std::size_t chunk_elems, std::size_t segment_bytes,
-                                 std::size_t lanes) {
-  Columns columns(across, tier, chunk_elems, reducer.element_size(), data, staging, segment_bytes, lanes);
+                                 std::size_t lanes, Compression compression) {
+  Columns columns(across, tier, chunk_elems, reducer.element_size(), data, staging, segment_bytes, lanes,
+                  Wire(compression, reducer, tier.layout.world()));
   const char* input = static_cast<const char*>(source);
   pipeline(
       columns.blocks(),

@@ -62,10 +62,11 @@ void hierarchical_all_reduce(Transport& across, HostTier& tier, const Reducer& r
 // link carries (H-1)/H of the buffer against (N-1)/N in a flat ring, and a rank makes (k-1)+(H-1)
 // steps against N-1. Pipelined in blocks as the all-reduce. `source` (rank order, it may be `data`)
 // is only read; rank r's result lands in chunk r of `data`. `staging` is working memory of the
-// buffer's size, apart from both.
+// buffer's size, apart from both. A `compression` compresses the rings across hosts as the
+// all-reduce's (each value rounded once per host; the owner widens its final sum).
 void hierarchical_reduce_scatter(Transport& across, HostTier& tier, const Reducer& reducer, const void* source,
                                  void* data, void* staging, std::size_t chunk_elems, std::size_t segment_bytes,
-                                 std::size_t lanes);
+                                 std::size_t lanes, Compression compression = Compression::None);
 
 // Hierarchical all-gather, the same in reverse: rank r's chunk r of `data` first crosses hosts in
 // its column's ring, then each host all-gathers its columns, and the chunks go back to rank order

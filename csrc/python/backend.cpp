@@ -258,7 +258,8 @@ RingReduceBackend::RingReduceBackend(c10::intrusive_ptr<c10d::Store> store, int 
                                      std::chrono::milliseconds timeout, std::shared_ptr<Communicator> cpu,
                                      c10::intrusive_ptr<c10d::Backend> fallback,
                                      c10::intrusive_ptr<c10d::Backend> cuda_fallback, Algorithm algorithm,
-                                     bool announce, std::shared_ptr<Membership> membership)
+                                     bool announce, std::shared_ptr<Membership> membership,
+                                     Compression compression)
     : c10d::Backend(rank, size),
       store_(std::move(store)),
       timeout_(timeout),
@@ -268,6 +269,7 @@ RingReduceBackend::RingReduceBackend(c10::intrusive_ptr<c10d::Store> store, int 
       fallback_(std::move(fallback)),
       cuda_fallback_(std::move(cuda_fallback)),
       algorithm_(algorithm),
+      compression_(compression),
       announce_(announce) {
   if (membership_) {
     watch(cpu_);
@@ -393,7 +395,7 @@ c10::intrusive_ptr<c10d::Work> RingReduceBackend::allreduce(std::vector<at::Tens
   if (tensor.is_sparse()) return allreduce_sparse(tensors, opts);  // gloo (and NCCL) reduce those
   const ReduceOp op = engine_op(opts.reduceOp);
   Communicator& comm = communicator(tensor);
-  Call call = all_reduce_call(comm, reducible(tensor, op), op, algorithm_, 0, 0);
+  Call call = all_reduce_call(comm, reducible(tensor, op), op, algorithm_, 0, 0, compression_);
   call.results = {tensor};
   return finish(comm, std::move(call), opts.asyncOp);
 }
@@ -413,7 +415,7 @@ c10::intrusive_ptr<c10d::Work> RingReduceBackend::allreduce_coalesced(std::vecto
   std::vector<Copy> back;
   const at::Tensor buffer = fused(parts, &back);
   Communicator& comm = communicator(buffer);
-  Call call = all_reduce_call(comm, buffer, op, algorithm_, 0, 0);
+  Call call = all_reduce_call(comm, buffer, op, algorithm_, 0, 0, compression_);
   call.after = std::move(back);
   call.results = tensors;
   return finish(comm, std::move(call), opts.asyncOp);
@@ -457,7 +459,8 @@ c10::intrusive_ptr<c10d::Work> RingReduceBackend::_reduce_scatter_base(at::Tenso
                                                                        const c10d::ReduceScatterOptions& opts) {
   const ReduceOp op = engine_op(opts.reduceOp);
   Communicator& comm = communicator(input);
-  Call call = reduce_scatter_call(comm, reducible(output, op), reducible(input, op), op, chunked_algorithm(), 0);
+  Call call =
+      reduce_scatter_call(comm, reducible(output, op), reducible(input, op), op, chunked_algorithm(), 0, compression_);
   call.results = {output};
   return finish(comm, std::move(call), opts.asyncOp);
 }
@@ -480,7 +483,7 @@ c10::intrusive_ptr<c10d::Work> RingReduceBackend::reduce_scatter(std::vector<at:
   }
   Communicator& comm = communicator(input);
   const at::Tensor mine = at::empty({piece * real}, input.options());
-  Call call = reduce_scatter_call(comm, mine, input, op, chunked_algorithm(), 0);
+  Call call = reduce_scatter_call(comm, mine, input, op, chunked_algorithm(), 0, compression_);
   const at::Tensor out = reducible(output, op);
   call.after.push_back({mine.narrow(0, 0, out.numel()).view(out.sizes()), out});
   call.results = {output};

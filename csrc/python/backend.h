@@ -31,7 +31,7 @@ class RingReduceBackend final : public c10d::Backend {
   RingReduceBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::chrono::milliseconds timeout,
                     std::shared_ptr<Communicator> cpu, c10::intrusive_ptr<c10d::Backend> fallback,
                     c10::intrusive_ptr<c10d::Backend> cuda_fallback, Algorithm algorithm, bool announce,
-                    std::shared_ptr<Membership> membership);
+                    std::shared_ptr<Membership> membership, Compression compression = Compression::None);
   ~RingReduceBackend() override;
 
   // Who in the group is still there: the CPU communicator's failures name the lost ranks, and a
@@ -131,6 +131,7 @@ class RingReduceBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> fallback_;
   c10::intrusive_ptr<c10d::Backend> cuda_fallback_;
   Algorithm algorithm_;
+  Compression compression_;  // of float32 SUM and AVG all-reduces and reduce-scatters between hosts
   bool announce_;
   std::mutex mutex_;
   std::set<std::string> announced_;                   // ops already delegated once

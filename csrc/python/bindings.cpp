@@ -81,10 +81,11 @@ py::object all_reduce(Communicator& communicator, const at::Tensor& tensor, int 
 }
 
 py::object reduce_scatter(Communicator& communicator, const at::Tensor& output, const at::Tensor& input, int op_code,
-                          int algorithm_code, std::size_t segment_bytes, bool async_op) {
+                          int algorithm_code, std::size_t segment_bytes, bool async_op, int compression_code) {
   return to_python(submit(communicator,
                           reduce_scatter_call(communicator, output, input, checked_op(op_code),
-                                              checked_algorithm(algorithm_code), segment_bytes),
+                                              checked_algorithm(algorithm_code), segment_bytes,
+                                              checked_compression(compression_code)),
                           async_op));
 }
 
@@ -260,7 +261,7 @@ PYBIND11_MODULE(_C, m) {
       .def("all_reduce", &all_reduce, py::arg("tensor"), py::arg("op"), py::arg("algorithm"), py::arg("segment_bytes"),
            py::arg("root"), py::arg("async_op"), py::arg("compression") = 0)
       .def("reduce_scatter", &reduce_scatter, py::arg("output"), py::arg("input"), py::arg("op"),
-           py::arg("algorithm"), py::arg("segment_bytes"), py::arg("async_op"))
+           py::arg("algorithm"), py::arg("segment_bytes"), py::arg("async_op"), py::arg("compression") = 0)
       .def("all_gather", &all_gather, py::arg("output"), py::arg("input"), py::arg("algorithm"),
            py::arg("segment_bytes"), py::arg("async_op"))
       .def("broadcast", &broadcast, py::arg("tensor"), py::arg("root"), py::arg("segment_bytes"), py::arg("async_op"))
@@ -427,7 +428,7 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init([](c10d::Store& store, int rank, int size, double timeout_s,
                        const std::shared_ptr<Communicator>& cpu, c10d::Backend& fallback,
                        c10d::Backend* cuda_fallback, int algorithm_code,
-                       bool announce, std::shared_ptr<Membership> membership) {
+                       bool announce, std::shared_ptr<Membership> membership, int compression_code) {
              if (algorithm_code < 0 || algorithm_code > static_cast<int>(Algorithm::Auto)) throw py::value_error("bad algorithm code");
              return c10::make_intrusive<RingReduceBackend>(c10::intrusive_ptr<c10d::Store>::reclaim_copy(&store), rank,
                                                            size, to_millis(timeout_s), cpu,
@@ -436,13 +437,15 @@ PYBIND11_MODULE(_C, m) {
                                                                ? c10::intrusive_ptr<c10d::Backend>()
                                                                : c10::intrusive_ptr<c10d::Backend>::reclaim_copy(cuda_fallback),
                                                            static_cast<Algorithm>(algorithm_code), announce,
-                                                           std::move(membership));
+                                                           std::move(membership),
+                                                           checked_compression(compression_code));
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_s"), py::arg("cpu"),
            py::arg("fallback"), py::arg("cuda_fallback"), py::arg("algorithm"), py::arg("announce") = false,
-           py::arg("membership") = nullptr,
+           py::arg("membership") = nullptr, py::arg("compression") = 0,
            "`cuda_fallback` (or None) serves the delegated ops on CUDA tensors; with `announce`, the first "
-           "delegation of each op is said under RINGREDUCE_DEBUG=INFO.");
+           "delegation of each op is said under RINGREDUCE_DEBUG=INFO. `compression` (RINGREDUCE_COMPRESS) "
+           "compresses float32 SUM and AVG all-reduces and reduce-scatters between hosts.");
   bind_checked_calls(m);
   bind_parameter_server(m);
   bind_testing(m);

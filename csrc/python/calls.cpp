@@ -372,22 +372,25 @@ Algorithm chunked_algorithm(const Communicator& communicator, Algorithm algorith
                                        "' does not run here; use 'auto', 'ring' or 'hierarchical'"));
 }
 
-// The compression an all-reduce runs with: the one asked for where there is a link between hosts
-// to compress and the values gain from it (float32 SUM or AVG), with the algorithm that compresses;
-// elsewhere none, said once under RINGREDUCE_DEBUG=INFO. An algorithm that never crosses compressed
-// is refused.
-Compression link_compression(const Communicator& communicator, Compression asked, DType dtype, ReduceOp op,
-                             Algorithm* algorithm) {
+// The compression an all-reduce or reduce-scatter runs with: the one asked for where there is a
+// link between hosts to compress and the values gain from it (float32 SUM or AVG), with the
+// algorithm that compresses; elsewhere none, said once under RINGREDUCE_DEBUG=INFO. An algorithm
+// that never crosses compressed is refused.
+Compression link_compression(const Communicator& communicator, Compression asked, Collective collective, DType dtype,
+                             ReduceOp op, Algorithm* algorithm) {
   if (asked == Compression::None) return asked;
   if (*algorithm != Algorithm::Auto && *algorithm != Algorithm::Hierarchical) {
     throw std::invalid_argument(detail::concat(
-        "ringreduce: compress='", compression_name(asked), "' runs on the hierarchical all-reduce's link between "
-        "hosts; algorithm '", algorithm_name(*algorithm), "' moves every value exact. Use algorithm 'auto' or "
-        "'hierarchical' with it, or compress=None"));
+        "ringreduce: compress='", compression_name(asked), "' runs on the hierarchical ", collective_name(collective),
+        "'s link between hosts; algorithm '", algorithm_name(*algorithm), "' moves every value exact. Use algorithm "
+        "'auto' or 'hierarchical' with it, or compress=None"));
   }
   const char* exact_because = nullptr;
   if (!communicator.spans_hosts()) {
     exact_because = "there is no link between hosts to compress";
+  } else if (collective == Collective::ReduceScatter && !communicator.has_even_hierarchy()) {
+    exact_because = "a reduce-scatter runs hierarchical, and compressed, where every host has the same number (2 or "
+                    "more) of ranks";
   } else if (dtype != DType::Float32) {
     exact_because = "only float32 values are compressed (16-bit ones already cross in 16 bits)";
   } else if (op != ReduceOp::Sum && op != ReduceOp::Avg) {
@@ -395,7 +398,8 @@ Compression link_compression(const Communicator& communicator, Compression asked
   }
   if (exact_because != nullptr) {
     debug_info(detail::concat("compress='", compression_name(asked), "' on ", hosts_of(communicator), ": a ",
-                              dtype_name(dtype), " ", op_name(op), " all-reduce runs exact, as ", exact_because));
+                              dtype_name(dtype), " ", op_name(op), " ", collective_name(collective), " runs exact, as ",
+                              exact_because));
     return Compression::None;
   }
   *algorithm = Algorithm::Hierarchical;
@@ -407,7 +411,7 @@ Compression link_compression(const Communicator& communicator, Compression asked
 Call all_reduce_call(Communicator& communicator, const at::Tensor& tensor, ReduceOp op, Algorithm algorithm,
                      std::size_t segment_bytes, int root, Compression compression) {
   const DType dtype = to_dtype(tensor, op);
-  compression = link_compression(communicator, compression, dtype, op, &algorithm);
+  compression = link_compression(communicator, compression, Collective::AllReduce, dtype, op, &algorithm);
   if (algorithm == Algorithm::OneShot && communicator.stream_context() != nullptr) {
     throw std::invalid_argument("ringreduce: algorithm 'one_shot' runs on host transports only; use 'auto', 'ring' "
                                 "or 'central' on a device (CUDA, or the simulated one)");
@@ -439,8 +443,9 @@ Call all_reduce_call(Communicator& communicator, const at::Tensor& tensor, Reduc
 }
 
 Call reduce_scatter_call(Communicator& communicator, const at::Tensor& output, const at::Tensor& input, ReduceOp op,
-                         Algorithm algorithm, std::size_t segment_bytes) {
+                         Algorithm algorithm, std::size_t segment_bytes, Compression compression) {
   const DType dtype = to_dtype(input, op);
+  compression = link_compression(communicator, compression, Collective::ReduceScatter, dtype, op, &algorithm);
   const std::int64_t world = communicator.size();
   if (input.numel() != output.numel() * world || input.scalar_type() != output.scalar_type() ||
       input.device() != output.device()) {
@@ -455,6 +460,7 @@ Call reduce_scatter_call(Communicator& communicator, const at::Tensor& output, c
   const at::Tensor buffer = scratch_like(communicator, input);
   call.args = {Collective::ReduceScatter, buffer.data_ptr(), static_cast<std::size_t>(buffer.numel()), dtype, op,
                chunked_algorithm(communicator, algorithm, "reduce_scatter_tensor"), segment_bytes, 0};
+  call.args.compression = compression;
   if (communicator.stream_context() == nullptr && input.is_contiguous()) {
     call.args.input = input.data_ptr();
     call.reads = {input};

@@ -39,9 +39,10 @@ ReduceOp checked_op(int op_code);
 Call all_reduce_call(Communicator& communicator, const at::Tensor& tensor, ReduceOp op, Algorithm algorithm,
                      std::size_t segment_bytes, int root, Compression compression = Compression::None);
 // A reduce-scatter or all-gather runs Auto (hierarchical where every host has the same number of
-// ranks, else the ring), Ring or Hierarchical.
+// ranks, else the ring), Ring or Hierarchical; a reduce-scatter compresses as an all-reduce, where
+// it runs hierarchical.
 Call reduce_scatter_call(Communicator& communicator, const at::Tensor& output, const at::Tensor& input, ReduceOp op,
-                         Algorithm algorithm, std::size_t segment_bytes);
+                         Algorithm algorithm, std::size_t segment_bytes, Compression compression = Compression::None);
 Call all_gather_call(Communicator& communicator, const at::Tensor& output, const at::Tensor& input,
                      Algorithm algorithm, std::size_t segment_bytes);
 Call broadcast_call(Communicator& communicator, const at::Tensor& tensor, int root, std::size_t segment_bytes);

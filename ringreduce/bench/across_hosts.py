@@ -3,9 +3,11 @@
 H hosts of k ranks on this machine (ringreduce/bench/hosts.py), each host's link limited to
 --link. Every size times, in one run, trial by trial: torch.distributed's collective on gloo,
 ringreduce's flat ring (every rank on gloo's pairs), the hierarchical one (shared memory inside
-each host, gloo across) and, for all_reduce, auto. Beside them, the bounds the link sets: each
-host's link carries 2(N-1)/N of the buffer in a flat all-reduce of N ranks, 2(H-1)/H in a
-hierarchical one; a reduce-scatter or all-gather half as much.
+each host, gloo across), for all_reduce auto, and for all_reduce and reduce_scatter the
+hierarchical one compressed to bf16 and fp16 between hosts (with its error against a float64
+reference). Beside them, the bounds the link sets: each host's link carries 2(N-1)/N of the buffer
+in a flat all-reduce of N ranks, 2(H-1)/H in a hierarchical one, half that compressed; a
+reduce-scatter or all-gather half as much.
 """
 
 import json
@@ -17,6 +19,8 @@ from ringreduce.bench.hosts import EmulatedHosts, available
 from ringreduce.bench.report import human_bytes
 
 ROWS = ("gloo", "ring", "hierarchical", "auto", "bf16", "fp16")
+# The rows compressed between hosts (ringreduce.all_reduce's `compress`).
+COMPRESSED = ("bf16", "fp16")
 # The collectives timed across hosts (--collective), and the share of an all-reduce's bytes each moves.
 LINK_SHARE = {"all_reduce": 1.0, "reduce_scatter": 0.5, "all_gather": 0.5}
 # Trials per row and the time each row and size gets in all. At 2 Gbit/s a 64 MiB call takes about
@@ -52,10 +56,12 @@ def parse_layout(text: str) -> list:
 
 
 def bounds(nbytes, counts, link_Bps, collective="all_reduce"):
-    """Seconds the host links need at least: (flat ring, hierarchical)."""
+    """Seconds the host links need at least: (flat ring, hierarchical, hierarchical with float32
+    compressed to 16 bits between hosts)."""
     hosts, world = len(counts), sum(counts)
     share = 2 * LINK_SHARE[collective] * nbytes / link_Bps
-    return (world - 1) / world * share, (hosts - 1) / hosts * share
+    hierarchical = (hosts - 1) / hosts * share
+    return (world - 1) / world * share, hierarchical, hierarchical / 2
 
 
 def run(counts, link, sizes, trials=DEFAULT_TRIALS, row_seconds=DEFAULT_ROW_SECONDS, rows=ROWS,
@@ -66,8 +72,8 @@ def run(counts, link, sizes, trials=DEFAULT_TRIALS, row_seconds=DEFAULT_ROW_SECO
         raise SystemExit(f"--hosts: {reason}")
     if collective not in LINK_SHARE:
         raise SystemExit(f"--hosts times {', '.join(LINK_SHARE)}; not --collective {collective}")
-    if collective != "all_reduce" and len(set(counts)) > 1:
-        rows = [r for r in rows if r != "hierarchical"]  # it needs the same number of ranks on every host
+    if collective != "all_reduce" and len(set(counts)) > 1:  # they need the same number of ranks on every host
+        rows = [r for r in rows if r not in ("hierarchical", *COMPRESSED)]
     placement, next_rank = [], 0
     for count in counts:
         placement.append(list(range(next_rank, next_rank + count)))
@@ -83,22 +89,38 @@ def run(counts, link, sizes, trials=DEFAULT_TRIALS, row_seconds=DEFAULT_ROW_SECO
             raise SystemExit(f"ranks {failed} of the emulated hosts failed (their errors are above)")
     link_Bps = link_bytes_per_second(link)
     for record in records:
-        record["flat_bound_s"], record["hierarchical_bound_s"] = bounds(record["bytes"], counts, link_Bps, collective)
+        record["flat_bound_s"], record["hierarchical_bound_s"], record["compressed_bound_s"] = bounds(
+            record["bytes"], counts, link_Bps, collective)
     return records
+
+
+def _speedup(record, names):
+    """gloo's median time over the fastest of the rows `names` (NaN where either is missing)."""
+    ours = [v["median_s"] for k, v in record["rows"].items() if k in names]
+    return record["rows"]["gloo"]["median_s"] / min(ours) if ours and "gloo" in record["rows"] else float("nan")
 
 
 def print_table(records, counts, link, collective="all_reduce", out=sys.stdout):
     rows = list(records[0]["rows"])
+    exact = [r for r in rows if r != "gloo" and r not in COMPRESSED]
+    compressed = [r for r in rows if r in COMPRESSED]
     out.write(f"# {len(counts)} emulated hosts ({'+'.join(map(str, counts))} ranks), links of {link} each way; "
-              f"{collective} float32 SUM, median trial (fastest) in ms per call\n")
+              f"{collective} float32 SUM, median trial (fastest) in ms per call; bf16 and fp16: hierarchical, "
+              "compressed between hosts\n")
     out.write(f"{'size':>8} " + "".join(f"{name:>22}" for name in rows)
-              + f"{'flat bound':>12}{'hier. bound':>12}{'best/gloo':>10}\n")
+              + f"{'flat bound':>12}{'hier. bound':>12}{'16-bit bound':>13}{'exact/gloo':>11}"
+              + "".join(f"{name + '/gloo':>10}" for name in compressed) + "\n")
     for record in records:
         cells = "".join(f"{r['median_s'] * 1e3:>13.2f} ({r['fastest_s'] * 1e3:>6.2f})" for r in record["rows"].values())
-        ours = min(v["median_s"] for k, v in record["rows"].items() if k != "gloo")
-        speedup = record["rows"]["gloo"]["median_s"] / ours if "gloo" in record["rows"] else float("nan")
+        speedups = "".join(f"{_speedup(record, names):>{width}.2f}x"
+                           for names, width in [(exact, 10)] + [((name,), 9) for name in compressed])
         out.write(f"{human_bytes(record['bytes']):>8} {cells}{record['flat_bound_s'] * 1e3:>12.2f}"
-                  f"{record['hierarchical_bound_s'] * 1e3:>12.2f}{speedup:>9.2f}x\n")
+                  f"{record['hierarchical_bound_s'] * 1e3:>12.2f}{record['compressed_bound_s'] * 1e3:>13.2f}"
+                  f"{speedups}\n")
+    for name in compressed:
+        out.write(f"{name} error vs float64 (max, RMS relative; inputs of one sign): " + ", ".join(
+            f"{human_bytes(r['bytes'])} {r['rows'][name]['max_error']:.2e} {r['rows'][name]['rms_error']:.2e}"
+            for r in records) + "\n")
     if "auto" in rows:
         out.write("auto ran: " + ", ".join(f"{human_bytes(r['bytes'])} {r['rows']['auto'].get('ran')}"
                                            for r in records) + "\n")
@@ -116,6 +138,8 @@ def plot(records, counts, link, path, collective="all_reduce"):
         ax.plot(sizes, [r["rows"][name]["median_s"] * 1e3 for r in records], marker="o", label=name)
     ax.plot(sizes, [r["flat_bound_s"] * 1e3 for r in records], "k--", label="flat ring's bound")
     ax.plot(sizes, [r["hierarchical_bound_s"] * 1e3 for r in records], "k:", label="hierarchical bound")
+    if any(name in COMPRESSED for name in records[0]["rows"]):
+        ax.plot(sizes, [r["compressed_bound_s"] * 1e3 for r in records], "k-.", label="16-bit bound")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("bytes")

@@ -28,6 +28,8 @@ ROWS = {
         "gloo": lambda b: dist.reduce_scatter_tensor(b.piece, b.whole),
         "ring": lambda b: ringreduce.reduce_scatter_tensor(b.piece, b.whole, algorithm="ring"),
         "hierarchical": lambda b: ringreduce.reduce_scatter_tensor(b.piece, b.whole, algorithm="hierarchical"),
+        "bf16": lambda b: ringreduce.reduce_scatter_tensor(b.piece, b.whole, compress="bf16"),
+        "fp16": lambda b: ringreduce.reduce_scatter_tensor(b.piece, b.whole, compress="fp16"),
     },
     "all_gather": {
         "gloo": lambda b: dist.all_gather_into_tensor(b.whole, b.piece),
@@ -60,6 +62,37 @@ class Buffers:
             by_rank = self.whole.view(world, -1)
             good = torch.equal(by_rank, torch.arange(1.0, world + 1).unsqueeze(1).expand_as(by_rank))
         assert good, f"{collective} {name} at {self.whole.numel() * 4} B gave a wrong result"
+
+
+# The rows whose values cross hosts rounded, and whose error is measured.
+COMPRESSED_ROWS = ("bf16", "fp16")
+# Elements of a compressed row's result checked against the float64 sum (every rank's inputs are
+# gathered for it): enough for the max and RMS to settle, few enough to gather in a second over
+# the emulated links. The rounding of an element does not depend on the buffer's size.
+ERROR_SAMPLE = 1 << 20
+
+
+def compression_error(collective, call, buffers):
+    """(max, RMS) relative error of a compressed row against the float64 sum, over every rank's
+    sample, on random inputs of one sign (no cancellation)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    gen = torch.Generator().manual_seed(rank)
+    buffers.whole.copy_(torch.rand(buffers.whole.numel(), generator=gen) + 0.25)
+    inputs = buffers.whole.view(world, -1)[:, :ERROR_SAMPLE].clone()  # of an all-reduce, what each chunk starts with
+    call(buffers)
+    if collective == "all_reduce":
+        result, take = buffers.whole.view(world, -1)[:, :ERROR_SAMPLE], slice(None)
+    else:  # reduce_scatter: this rank's share
+        result, take = buffers.piece[:ERROR_SAMPLE].unsqueeze(0), slice(rank, rank + 1)
+    everyone = [torch.empty_like(inputs) for _ in range(world)]
+    dist.all_gather(everyone, inputs)
+    exact = torch.stack(everyone).double().sum(0)[take]
+    relative = (result.double() - exact).abs() / exact
+    summary = torch.tensor([relative.max().item(), (relative ** 2).sum().item(), relative.numel()], dtype=torch.float64)
+    largest = summary[:1].clone()
+    dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+    dist.all_reduce(summary)
+    return largest.item(), (summary[1] / summary[2]).sqrt().item()
 
 
 # Untimed calls of auto before its row is timed, while it still explores the size class (each
@@ -111,6 +144,11 @@ def main():
                                         "calls": iters[i]}
             if "auto" in rows:
                 record["rows"]["auto"]["ran"] = auto_ran(None, "cpu", nbytes)
+        for name in (r for r in rows if r in COMPRESSED_ROWS):
+            error = compression_error(options["collective"], calls[name], buffers)
+            if rank == 0:
+                record["rows"][name]["max_error"], record["rows"][name]["rms_error"] = error
+        if rank == 0:
             print(json.dumps(record), flush=True)
     dist.destroy_process_group()
 
