@@ -66,6 +66,21 @@ def _check_sizes(rank, world, hosts, compress, op, signed):
     return worst
 
 
+def _check_rounding(rank, compress):
+    """With every other rank's values zero, the result is rank 0's values rounded once, as torch
+    rounds them: infinities, NaN, ties to even, overflow, subnormals, through the vector loops and
+    the ragged tail alike."""
+    special = torch.tensor([float("inf"), -float("inf"), float("nan"), 1 + 2 ** -8, 1 + 3 * 2 ** -8, 1 + 2 ** -11,
+                            1 + 3 * 2 ** -11, 65504.0, 65520.0, -1e6, 3.4e38, 1e-40, -1e-6, 3e-8, 2.5, -0.1])
+    gen = torch.Generator().manual_seed(5)
+    values = torch.cat([special.repeat(40), torch.randn(363, generator=gen) * 1e3])  # 1003: a ragged tail
+    data = values.clone() if rank == 0 else torch.zeros_like(values)
+    ringreduce.all_reduce(data, compress=compress)
+    expected = values.to(WIDE[compress]).float()
+    assert torch.equal(data.isnan(), expected.isnan()), compress
+    assert torch.equal(data[~data.isnan()], expected[~expected.isnan()]), compress
+
+
 def _check_reduce_scatter(rank, world, hosts, compress, op):
     """Reduce-scatters compressed: each rank's share within the bound, of the 16-bit format."""
     for chunk in (1, 7, 99_991, 300_007):  # the last in two pipeline blocks
@@ -88,6 +103,7 @@ def _compressed(rank, world, layout):
         for op in (R.SUM, R.AVG):
             worst[compress, str(op), False] = _check_sizes(rank, world, hosts, compress, op, signed=False)
         worst[compress, "sum", True] = _check_sizes(rank, world, hosts, compress, R.SUM, signed=True)
+        _check_rounding(rank, compress)
         if len(set(layout.count(h) for h in layout)) == 1:  # the same number of ranks on every host
             _check_reduce_scatter(rank, world, hosts, compress, R.AVG if compress == "fp16" else R.SUM)
 
