@@ -15,8 +15,8 @@ PACKAGE = ROOT / "ringreduce"
 ALLOWED_INCLUDES = {
     "core": set(),
     "algorithms": {"core"},
-    "hierarchy": {"core", "algorithms"},
-    "engine": {"core", "algorithms", "hierarchy"},
+    "hierarchy": {"core", "algorithms", "cpu"},
+    "engine": {"core", "algorithms", "hierarchy", "cpu"},
     "transports": {"core"},
     "cpu": {"core"},
     "cuda": {"core", "transports"},
