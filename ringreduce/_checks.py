@@ -50,13 +50,13 @@ def algorithm_code(algorithm) -> int:
 
 
 # Engine codes (csrc/core/header.h, enum Compression), by the names `compress` takes.
-COMPRESSION_CODES = {None: 0, "none": 0, "bf16": 1, "fp16": 2}
+COMPRESSION_CODES = {None: 0, "none": 0, "bf16": 1, "fp16": 2, "int8": 3}
 
 
 def compression_code(compress) -> int:
     code = COMPRESSION_CODES.get(compress) if isinstance(compress, (str, type(None))) else None
     if code is None:
-        raise ValueError(f"unknown compress {compress!r}; choose None (exact), 'bf16' or 'fp16'")
+        raise ValueError(f"unknown compress {compress!r}; choose None (exact), 'bf16', 'fp16' or 'int8'")
     return code
 
 

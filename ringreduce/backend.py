@@ -94,7 +94,7 @@ def _compression(algorithm):
     try:
         code = compression_code(compress)
     except ValueError:
-        raise ValueError(f"{COMPRESS_ENV}={os.environ[COMPRESS_ENV]!r} is not a compression; set bf16, fp16 or none, "
+        raise ValueError(f"{COMPRESS_ENV}={os.environ[COMPRESS_ENV]!r} is not a compression; set bf16, fp16, int8 or none, "
                          "or unset it") from None
     if code and algorithm not in ("auto", "hierarchical"):
         raise ValueError(f"{COMPRESS_ENV}={compress} compresses the hierarchical all-reduce's link between hosts; "

@@ -81,6 +81,50 @@ def _check_rounding(rank, compress):
     assert torch.equal(data[~data.isnan()], expected[~expected.isnan()]), compress
 
 
+INT8_BLOCK = 256  # values sharing a scale (kInt8BlockValues)
+
+
+def _int8_bound(hosts, world, magnitudes):
+    """Per element: H roundings of half a step each, a step being 1/127 of the largest partial sum
+    of the element's block, at most the largest sum of magnitudes within a block's reach of it
+    (grown by the earlier roundings); and float32's own additions."""
+    reach = torch.nn.functional.max_pool1d(magnitudes.view(1, 1, -1), 2 * INT8_BLOCK - 1, stride=1,
+                                           padding=INT8_BLOCK - 1).view(-1)
+    return reach * (hosts / 254 * (1 + hosts / 254) + world * 2.0 ** -23)
+
+
+def _check_int8(rank, world, hosts):
+    """int8 blocks on the link: the same bits on every rank, each element within its bound; returns
+    the largest error relative to its bound (so the test sees that rounding happened)."""
+    worst = 0.0
+    for numel in SIZES:
+        for op, signed in ((R.SUM, False), (R.AVG, False), (R.SUM, True)):
+            gen = torch.Generator().manual_seed(31 * rank + numel % 89)
+            data = torch.randn(numel, generator=gen) if signed else torch.rand(numel, generator=gen) + 0.25
+            inputs = _gathered(data)
+            exact = torch.stack([t.double() for t in inputs]).sum(0)
+            magnitudes = torch.stack([t.double().abs() for t in inputs]).sum(0)
+            if op == R.AVG:
+                exact, magnitudes = exact / world, magnitudes / world
+            mine = data.clone()
+            ringreduce.all_reduce(mine, op, compress="int8", segment_bytes=8192 if numel < 200_000 else None)
+            for theirs in _gathered(mine):
+                assert torch.equal(theirs, mine), f"int8 numel={numel}: ranks hold different bits"
+            if numel:
+                ratio = ((mine.double() - exact).abs() / _int8_bound(hosts, world, magnitudes)).max().item()
+                assert ratio <= 1, f"int8 {op} numel={numel} signed={signed}: error {ratio} of its bound"
+                worst = max(worst, ratio)
+    # A non-finite value makes its block NaN, on every rank alike, and only its block.
+    data = torch.ones(3000)
+    if rank == 0:
+        data[1234] = float("inf")
+    ringreduce.all_reduce(data, compress="int8")
+    for theirs in _gathered(data):
+        assert torch.equal(theirs.isnan(), data.isnan())
+    assert data[1234].isnan() and 0 < int(data.isnan().sum()) <= INT8_BLOCK
+    return worst
+
+
 def _check_reduce_scatter(rank, world, hosts, compress, op):
     """Reduce-scatters compressed: each rank's share within the bound, of the 16-bit format."""
     for chunk in (1, 7, 99_991, 300_007):  # the last in two pipeline blocks
@@ -117,6 +161,8 @@ def _compressed(rank, world, layout):
         ringreduce.reduce_scatter_tensor(plain, data)
         assert torch.equal(compressed, plain)
         assert "where every host has the same number (2 or more) of ranks" in said.getvalue(), said.getvalue()
+
+    worst["int8", "any", None] = _check_int8(rank, world, hosts)
 
     # Where compression does not apply the call runs exact, bit for bit the uncompressed call's.
     for dtype, op in ((torch.float64, R.SUM), (torch.float32, R.MAX), (torch.bfloat16, R.SUM)):
@@ -158,8 +204,9 @@ def test_compressed_link_is_within_its_bound_and_the_same_on_every_rank(layout):
     worst = run_ranks(len(layout), _compressed, layout, env=functools.partial(_host_env, layout))
     assert all(w == worst[0] for w in worst)
     for (compress, op, signed), error in worst[0].items():
-        # Compression did round: the errors reach a good part of the bound.
-        assert _bound(compress, len(set(layout)), len(layout)) / 10 < error, (compress, op, signed, error)
+        # Compression did round: the errors reach a good part of the bound (int8's is already relative).
+        bound = 1.0 if compress == "int8" else _bound(compress, len(set(layout)), len(layout))
+        assert bound / 10 < error, (compress, op, signed, error)
 
 
 def _backend_compresses(rank, world):

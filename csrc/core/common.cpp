@@ -60,6 +60,7 @@ const char* compression_name(Compression compression) {
     case Compression::None: return "none";
     case Compression::BFloat16: return "bf16";
     case Compression::Float16: return "fp16";
+    case Compression::Int8: return "int8";
   }
   return "unknown";
 }

@@ -39,7 +39,7 @@ const char* dtype_name(DType dtype);
 const char* op_name(ReduceOp op);
 const char* algorithm_name(Algorithm algorithm);
 const char* collective_name(Collective collective);
-// "bf16", "fp16", or "none": the names ringreduce.all_reduce's `compress` takes.
+// "bf16", "fp16", "int8" or "none": the names ringreduce.all_reduce's `compress` takes.
 const char* compression_name(Compression compression);
 
 // Raised when a peer does not answer within the group's timeout.

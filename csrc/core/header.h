@@ -13,9 +13,10 @@ namespace ringreduce {
 // is made. Hierarchical runs only on a group that spans hosts (csrc/hierarchy/).
 enum class Algorithm : int { Ring, Central, OneShot, Hierarchical, Auto };
 
-// The 16-bit format an all-reduce's values take on the link between hosts (None: they cross as
-// they are). Only that ring is compressed; the stages inside each host stay in the buffer's dtype.
-enum class Compression : int { None, BFloat16, Float16 };
+// The format an all-reduce's values take on the link between hosts (None: they cross as they
+// are): 16-bit floats, or int8 with a scale per block. Only that ring is compressed; the stages
+// inside each host stay in the buffer's dtype.
+enum class Compression : int { None, BFloat16, Float16, Int8 };
 
 // The collectives the engine runs.
 enum class Collective : int { AllReduce, ReduceScatter, AllGather, Broadcast, Reduce };

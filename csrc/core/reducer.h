@@ -29,7 +29,8 @@ class Reducer {
 
   DType dtype() const { return dtype_; }
   ReduceOp op() const { return op_; }
-  std::size_t element_size() const { return ringreduce::element_size(dtype_); }
+  // Bytes per element of the memory it reduces: the dtype's, unless the elements are blocks.
+  virtual std::size_t element_size() const { return ringreduce::element_size(dtype_); }
 
  private:
   DType dtype_;

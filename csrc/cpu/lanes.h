@@ -148,23 +148,27 @@ LoopSet lanes_for_op(ReduceOp op) {
 // The link codec of one 16-bit format, kLanes values per step; the ragged tail takes the portable
 // loops, which round the same way.
 template <typename Format>
-void encode_lanes(std::uint16_t* wire, const float* values, std::size_t count) {
+void encode_lanes(void* wire_ptr, const float* values, std::size_t count) {
   using Vec = typename Format::Vec;
+  auto* wire = static_cast<std::uint16_t*>(wire_ptr);
   std::size_t i = 0;
   for (; i + Format::kLanes <= count; i += Format::kLanes) Format::store(wire + i, Format::round(load_floats(Vec{}, values + i)));
   encode_loop<typename Format::Scalar>(wire + i, values + i, count - i);
 }
 
 template <typename Format>
-void decode_lanes(float* values, const std::uint16_t* wire, std::size_t count) {
+void decode_lanes(float* values, const void* wire_ptr, std::size_t count) {
+  const auto* wire = static_cast<const std::uint16_t*>(wire_ptr);
   std::size_t i = 0;
   for (; i + Format::kLanes <= count; i += Format::kLanes) store_floats(values + i, Format::load(wire + i));
   decode_loop<typename Format::Scalar>(values + i, wire + i, count - i);
 }
 
 template <typename Format, bool kDivide>
-void add_encode_lanes(std::uint16_t* dst, const std::uint16_t* src, const float* local, std::size_t count, int world) {
+void add_encode_lanes(void* dst_ptr, const void* src_ptr, const float* local, std::size_t count, int world) {
   using Vec = typename Format::Vec;
+  auto* dst = static_cast<std::uint16_t*>(dst_ptr);
+  const auto* src = static_cast<const std::uint16_t*>(src_ptr);
   const Vec divisor = splat(Vec{}, static_cast<float>(world));
   std::size_t i = 0;
   for (; i + Format::kLanes <= count; i += Format::kLanes) {
@@ -177,8 +181,8 @@ void add_encode_lanes(std::uint16_t* dst, const std::uint16_t* src, const float*
 
 template <typename Format>
 LinkCodec codec_lanes() {
-  return LinkCodec{&encode_lanes<Format>, &decode_lanes<Format>, &add_encode_lanes<Format, false>,
-                   &add_encode_lanes<Format, true>};
+  return LinkCodec{1, sizeof(std::uint16_t), &encode_lanes<Format>, &decode_lanes<Format>,
+                   &add_encode_lanes<Format, false>, &add_encode_lanes<Format, true>};
 }
 
 }  // namespace

@@ -19,16 +19,19 @@ struct LoopSet {
   LoopFn last_copy;
 };
 
-// The loops that carry float32 values across a link in a 16-bit format (bfloat16 or float16),
-// rounding to nearest even as the reducers do.
+// The loops that carry float32 values across a link compressed: in a 16-bit format (bfloat16 or
+// float16, an element per value), or in int8 blocks (an element per kInt8BlockValues values),
+// rounding to nearest even. Counts are of values; a last, partial element is padded.
 struct LinkCodec {
-  // wire[i] = values[i] rounded to the format.
-  void (*encode)(std::uint16_t* wire, const float* values, std::size_t count);
-  // values[i] = wire[i] widened to float (exact).
-  void (*decode)(float* values, const std::uint16_t* wire, std::size_t count);
-  // dst[i] = (src[i] widened + local[i]) rounded once; the `divide` form divides the sum by
-  // `world` before it rounds (an AVG's last reduction).
-  using AddFn = void (*)(std::uint16_t* dst, const std::uint16_t* src, const float* local, std::size_t count, int world);
+  std::size_t values_per_element;
+  std::size_t element_bytes;
+  // wire = values, rounded.
+  void (*encode)(void* wire, const float* values, std::size_t count);
+  // values = wire, widened (exact).
+  void (*decode)(float* values, const void* wire, std::size_t count);
+  // dst = (src widened + local) rounded once; the `divide` form divides the sum by `world` before
+  // it rounds (an AVG's last reduction).
+  using AddFn = void (*)(void* dst, const void* src, const float* local, std::size_t count, int world);
   AddFn add;
   AddFn add_divide;
 };

@@ -1,5 +1,6 @@
 #include "cpu/reducer.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
@@ -48,19 +49,28 @@ bool is_integer(DType dtype) {
 
 template <typename Format>
 LinkCodec portable_codec() {
-  return LinkCodec{&encode_loop<Format>, &decode_loop<Format>, &add_encode_loop<Format, false>,
-                   &add_encode_loop<Format, true>};
+  return LinkCodec{1, sizeof(std::uint16_t), &encode_loop<Format>, &decode_loop<Format>,
+                   &add_encode_loop<Format, false>, &add_encode_loop<Format, true>};
 }
 
 LinkCodec fastest_codec(Compression compression) {
   LinkCodec codec{};
+  if (compression == Compression::Int8) {
+    return LinkCodec{kInt8BlockValues, kInt8BlockBytes, &encode_int8, &decode_int8, &add_encode_int8<false>,
+                     &add_encode_int8<true>};
+  }
   if (avx512bf16_codec(compression, &codec) || avx2_codec(compression, &codec)) return codec;
   return compression == Compression::Float16 ? portable_codec<Half>() : portable_codec<BFloat16>();
 }
 
 DType wire_dtype(Compression compression) {
-  RR_CHECK(compression != Compression::None, "a link reducer needs a compression");
-  return compression == Compression::Float16 ? DType::Float16 : DType::BFloat16;
+  switch (compression) {
+    case Compression::BFloat16: return DType::BFloat16;
+    case Compression::Float16: return DType::Float16;
+    case Compression::Int8: return DType::UInt8;  // blocks of bytes
+    case Compression::None: break;
+  }
+  throw std::invalid_argument("ringreduce: a link reducer needs a compression");
 }
 
 }  // namespace
@@ -68,28 +78,33 @@ DType wire_dtype(Compression compression) {
 const LinkCodec& link_codec(Compression compression) {
   static const LinkCodec bfloat16 = fastest_codec(Compression::BFloat16);
   static const LinkCodec float16 = fastest_codec(Compression::Float16);
-  return compression == Compression::Float16 ? float16 : bfloat16;
+  static const LinkCodec int8 = fastest_codec(Compression::Int8);
+  wire_dtype(compression);  // refuses None
+  return compression == Compression::Float16 ? float16 : compression == Compression::Int8 ? int8 : bfloat16;
 }
 
-LinkReducer::LinkReducer(Compression compression, ReduceOp op, int world, const std::uint16_t* wire, const float* exact)
+LinkReducer::LinkReducer(Compression compression, ReduceOp op, int world, const void* wire, const float* exact,
+                         std::size_t count)
     : Reducer(wire_dtype(compression), op),
       codec_(link_codec(compression)),
       divides_(op == ReduceOp::Avg),
       world_(world),
-      wire_(wire),
-      exact_(exact) {
+      wire_(static_cast<const unsigned char*>(wire)),
+      exact_(exact),
+      count_(count) {
   RR_CHECK(op == ReduceOp::Sum || op == ReduceOp::Avg, "a compressed link reduces SUM and AVG only, not ", op_name(op));
 }
 
 void LinkReducer::reduce(void* dst, const void* src, std::size_t count, bool last) const {
-  auto* out = static_cast<std::uint16_t*>(dst);
-  const float* mine = exact_ + (out - wire_);  // this rank's value at the same position
-  (last && divides_ ? codec_.add_divide : codec_.add)(out, static_cast<const std::uint16_t*>(src), mine, count, world_);
+  // This rank's values at the same place: element k of the wire carries values from k * values_per_element.
+  const std::size_t first = (static_cast<const unsigned char*>(dst) - wire_) / codec_.element_bytes * codec_.values_per_element;
+  const std::size_t values = std::min(count * codec_.values_per_element, count_ - std::min(first, count_));
+  (last && divides_ ? codec_.add_divide : codec_.add)(dst, src, exact_ + first, values, world_);
 }
 
 void LinkReducer::reduce_copy(void* dst, const void* src, void* copy, std::size_t count, bool last) const {
   reduce(dst, src, count, last);
-  std::memcpy(copy, dst, count * sizeof(std::uint16_t));
+  std::memcpy(copy, dst, count * codec_.element_bytes);
 }
 
 std::unique_ptr<Reducer> make_cpu_reducer(DType dtype, ReduceOp op, int world) {

@@ -24,8 +24,8 @@ SubsetTransport shard_ring(Transport& across, const HostLayout& layout, int shar
   return SubsetTransport(across, std::move(holders));
 }
 
-// The 16-bit copy of a shard that a compressed ring between hosts runs on (LinkReducer), kept
-// for the blocks after.
+// The compressed copy of a shard that a ring between hosts runs on (LinkReducer), in the codec's
+// elements (a value each, or a block of values), kept for the blocks after.
 class Wire {
  public:
   Wire() = default;  // uncompressed
@@ -39,31 +39,49 @@ class Wire {
   }
 
   bool compressed() const { return codec_ != nullptr; }
+  // Whether each element carries one value, so that any run of values is a run of elements.
+  bool per_value() const { return codec_ == nullptr || codec_->values_per_element == 1; }
+  std::size_t element_bytes() const { return codec_->element_bytes; }
+  // The elements that carry `count` values.
+  std::size_t elements(std::size_t count) const {
+    return (count + codec_->values_per_element - 1) / codec_->values_per_element;
+  }
 
-  // The wire for `count` values, with what `transfers` (this rank's part of the ring) send as they
-  // are rounded into it: every other span of the wire is written by a reduction or a copy before it
-  // is read.
-  std::uint16_t* load(const float* values, std::size_t count, const std::vector<RingTransfer>& transfers) {
-    wire_.resize(std::max(wire_.size(), count));
+  // The wire for `count` values, with what `transfers` (this rank's part of the ring, in elements)
+  // send as they are rounded into it: every other element is written by a reduction or a copy
+  // before it is read.
+  void* load(const float* values, std::size_t count, const std::vector<RingTransfer>& transfers) {
+    count_ = count;
+    bytes_.resize(std::max(bytes_.size(), elements(count) * element_bytes()));
     for (const RingTransfer& t : transfers) {
-      if (t.send_own) codec_->encode(wire_.data() + t.send.offset, values + t.send.offset, t.send.count);
+      if (t.send_own) codec_->encode(at(t.send), values + first_value(t.send), values_in(t.send));
     }
-    return wire_.data();
+    return bytes_.data();
   }
   // The reducer of the ring on the wire, adding `values` (what load() was given).
-  LinkReducer reducer(const float* values) const { return LinkReducer(compression_, op_, world_, wire_.data(), values); }
-  // Widens `span` of the finished wire back into `values`.
-  void unload(float* values, Span span) const { codec_->decode(values + span.offset, wire_.data() + span.offset, span.count); }
+  LinkReducer reducer(const float* values) const {
+    return LinkReducer(compression_, op_, world_, bytes_.data(), values, count_);
+  }
+  // Widens the elements `span` of the finished wire back into `values`.
+  void unload(float* values, Span span) const {
+    codec_->decode(values + first_value(span), at(span), values_in(span));
+  }
 
  private:
+  std::size_t first_value(Span elements) const { return std::min(count_, elements.offset * codec_->values_per_element); }
+  std::size_t values_in(Span elements) const {
+    return std::min(count_, (elements.offset + elements.count) * codec_->values_per_element) - first_value(elements);
+  }
+  unsigned char* at(Span elements) { return bytes_.data() + elements.offset * element_bytes(); }
+  const unsigned char* at(Span elements) const { return bytes_.data() + elements.offset * element_bytes(); }
+
   Compression compression_ = Compression::None;
   const LinkCodec* codec_ = nullptr;
   ReduceOp op_ = ReduceOp::Sum;
   int world_ = 0;
-  std::vector<std::uint16_t> wire_;
+  std::size_t count_ = 0;  // values on the wire now
+  std::vector<unsigned char> bytes_;
 };
-
-constexpr std::size_t kWireElem = sizeof(std::uint16_t);
 
 // One block of the buffer through the three stages. Stage 1 and 3 run on the caller's thread, over
 // this host's transport; stage 2 over the transport that spans the hosts.
@@ -107,13 +125,14 @@ class Stages {
     }
   }
 
-  // One shard's ring across hosts in 16-bit values: what this rank sends of its own rounded once,
-  // one rounding per hop, and every rank widens the same final bits into `values`.
+  // One shard's ring across hosts compressed: what this rank sends of its own rounded once, one
+  // rounding per hop, and every rank widens the same final bits into `values`.
   void reduce_across_compressed(Transport& ring, float* values, std::size_t count) {
-    std::uint16_t* wire =
-        wire_.load(values, count, ring_schedule(count, kWireElem, ring.size(), ring.rank(), segment_bytes_, lanes_));
-    ring_all_reduce(ring, wire_.reducer(values), wire, count, segment_bytes_, lanes_);
-    wire_.unload(values, Span{0, count});
+    const std::size_t elements = wire_.elements(count);
+    void* wire = wire_.load(values, count, ring_schedule(elements, wire_.element_bytes(), ring.size(), ring.rank(),
+                                                         segment_bytes_, lanes_));
+    ring_all_reduce(ring, wire_.reducer(values), wire, elements, segment_bytes_, lanes_);
+    wire_.unload(values, Span{0, elements});
   }
 
   // Stage 3, inside the host: the finished shards reach every rank of the host.
@@ -279,10 +298,12 @@ class Columns {
       ring_reduce_scatter(ring, reducer, column_of(b), across_layout(b), lanes_, /*finishes=*/true);
       return;
     }
+    // A host's run is a run of elements only where each element carries one value.
+    RR_CHECK(wire_.per_value(), "a reduce-scatter compresses to 16-bit values only");
     float* values = reinterpret_cast<float*>(column_of(b));
-    const SegmentLayout on_wire = chunk_layout(blocks_[b].count, kWireElem, layout_.hosts(), segment_bytes_);
-    std::uint16_t* wire = wire_.load(values, on_wire.numel,
-                                     ring_schedule(on_wire, ring.size(), ring.rank(), lanes_, RingPhases::ReduceScatter));
+    const SegmentLayout on_wire = chunk_layout(blocks_[b].count, wire_.element_bytes(), layout_.hosts(), segment_bytes_);
+    void* wire = wire_.load(values, on_wire.numel,
+                            ring_schedule(on_wire, ring.size(), ring.rank(), lanes_, RingPhases::ReduceScatter));
     ring_reduce_scatter(ring, wire_.reducer(values), wire, on_wire, lanes_, /*finishes=*/true);
     wire_.unload(values, on_wire.chunk(ring.rank()));
   }

@@ -66,7 +66,7 @@ Algorithm checked_algorithm(int algorithm_code) {
 }
 
 Compression checked_compression(int compression_code) {
-  if (compression_code < 0 || compression_code > static_cast<int>(Compression::Float16)) {
+  if (compression_code < 0 || compression_code > static_cast<int>(Compression::Int8)) {
     throw std::invalid_argument(detail::concat("ringreduce: bad compression code ", compression_code));
   }
   return static_cast<Compression>(compression_code);

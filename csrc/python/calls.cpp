@@ -388,6 +388,8 @@ Compression link_compression(const Communicator& communicator, Compression asked
   const char* exact_because = nullptr;
   if (!communicator.spans_hosts()) {
     exact_because = "there is no link between hosts to compress";
+  } else if (collective == Collective::ReduceScatter && asked == Compression::Int8) {
+    exact_because = "int8 compresses all-reduces only (a reduce-scatter takes bf16 or fp16)";
   } else if (collective == Collective::ReduceScatter && !communicator.has_even_hierarchy()) {
     exact_because = "a reduce-scatter runs hierarchical, and compressed, where every host has the same number (2 or "
                     "more) of ranks";

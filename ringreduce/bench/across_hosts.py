@@ -4,10 +4,10 @@ H hosts of k ranks on this machine (ringreduce/bench/hosts.py), each host's link
 --link. Every size times, in one run, trial by trial: torch.distributed's collective on gloo,
 ringreduce's flat ring (every rank on gloo's pairs), the hierarchical one (shared memory inside
 each host, gloo across), for all_reduce auto, and for all_reduce and reduce_scatter the
-hierarchical one compressed to bf16 and fp16 between hosts (with its error against a float64
-reference). Beside them, the bounds the link sets: each host's link carries 2(N-1)/N of the buffer
-in a flat all-reduce of N ranks, 2(H-1)/H in a hierarchical one, half that compressed; a
-reduce-scatter or all-gather half as much.
+hierarchical one compressed to bf16 and fp16 between hosts (all_reduce also int8), each with its
+error against a float64 reference. Beside them, the bounds the link sets: each host's link carries
+2(N-1)/N of the buffer in a flat all-reduce of N ranks, 2(H-1)/H in a hierarchical one, half that
+in 16 bits and about a quarter in int8; a reduce-scatter or all-gather half as much.
 """
 
 import json
@@ -18,9 +18,11 @@ import sys
 from ringreduce.bench.hosts import EmulatedHosts, available
 from ringreduce.bench.report import human_bytes
 
-ROWS = ("gloo", "ring", "hierarchical", "auto", "bf16", "fp16")
-# The rows compressed between hosts (ringreduce.all_reduce's `compress`).
-COMPRESSED = ("bf16", "fp16")
+ROWS = ("gloo", "ring", "hierarchical", "auto", "bf16", "fp16", "int8")
+# The rows compressed between hosts (ringreduce.all_reduce's `compress`), and the bytes a float32
+# value takes on the link in each (int8: blocks of 256 values and a float32 scale).
+WIRE_BYTES_PER_VALUE = {"bf16": 2.0, "fp16": 2.0, "int8": 260 / 256}
+COMPRESSED = tuple(WIRE_BYTES_PER_VALUE)
 # The collectives timed across hosts (--collective), and the share of an all-reduce's bytes each moves.
 LINK_SHARE = {"all_reduce": 1.0, "reduce_scatter": 0.5, "all_gather": 0.5}
 # Trials per row and the time each row and size gets in all. At 2 Gbit/s a 64 MiB call takes about
@@ -56,12 +58,13 @@ def parse_layout(text: str) -> list:
 
 
 def bounds(nbytes, counts, link_Bps, collective="all_reduce"):
-    """Seconds the host links need at least: (flat ring, hierarchical, hierarchical with float32
-    compressed to 16 bits between hosts)."""
+    """Seconds the host links need at least: (flat ring, hierarchical, {compression: hierarchical
+    with float32 compressed between hosts})."""
     hosts, world = len(counts), sum(counts)
     share = 2 * LINK_SHARE[collective] * nbytes / link_Bps
     hierarchical = (hosts - 1) / hosts * share
-    return (world - 1) / world * share, hierarchical, hierarchical / 2
+    compressed = {name: hierarchical * wire / 4 for name, wire in WIRE_BYTES_PER_VALUE.items()}
+    return (world - 1) / world * share, hierarchical, compressed
 
 
 def run(counts, link, sizes, trials=DEFAULT_TRIALS, row_seconds=DEFAULT_ROW_SECONDS, rows=ROWS,
@@ -89,7 +92,7 @@ def run(counts, link, sizes, trials=DEFAULT_TRIALS, row_seconds=DEFAULT_ROW_SECO
             raise SystemExit(f"ranks {failed} of the emulated hosts failed (their errors are above)")
     link_Bps = link_bytes_per_second(link)
     for record in records:
-        record["flat_bound_s"], record["hierarchical_bound_s"], record["compressed_bound_s"] = bounds(
+        record["flat_bound_s"], record["hierarchical_bound_s"], record["compressed_bounds_s"] = bounds(
             record["bytes"], counts, link_Bps, collective)
     return records
 
@@ -105,18 +108,19 @@ def print_table(records, counts, link, collective="all_reduce", out=sys.stdout):
     exact = [r for r in rows if r != "gloo" and r not in COMPRESSED]
     compressed = [r for r in rows if r in COMPRESSED]
     out.write(f"# {len(counts)} emulated hosts ({'+'.join(map(str, counts))} ranks), links of {link} each way; "
-              f"{collective} float32 SUM, median trial (fastest) in ms per call; bf16 and fp16: hierarchical, "
+              f"{collective} float32 SUM, median trial (fastest) in ms per call; bf16, fp16, int8: hierarchical, "
               "compressed between hosts\n")
     out.write(f"{'size':>8} " + "".join(f"{name:>22}" for name in rows)
-              + f"{'flat bound':>12}{'hier. bound':>12}{'16-bit bound':>13}{'exact/gloo':>11}"
-              + "".join(f"{name + '/gloo':>10}" for name in compressed) + "\n")
+              + f"{'flat bound':>12}{'hier. bound':>12}" + "".join(f"{name + ' bound':>12}" for name in compressed)
+              + f"{'exact/gloo':>11}" + "".join(f"{name + '/gloo':>10}" for name in compressed) + "\n")
     for record in records:
         cells = "".join(f"{r['median_s'] * 1e3:>13.2f} ({r['fastest_s'] * 1e3:>6.2f})" for r in record["rows"].values())
         speedups = "".join(f"{_speedup(record, names):>{width}.2f}x"
                            for names, width in [(exact, 10)] + [((name,), 9) for name in compressed])
         out.write(f"{human_bytes(record['bytes']):>8} {cells}{record['flat_bound_s'] * 1e3:>12.2f}"
-                  f"{record['hierarchical_bound_s'] * 1e3:>12.2f}{record['compressed_bound_s'] * 1e3:>13.2f}"
-                  f"{speedups}\n")
+                  f"{record['hierarchical_bound_s'] * 1e3:>12.2f}"
+                  + "".join(f"{record['compressed_bounds_s'][name] * 1e3:>12.2f}" for name in compressed)
+                  + f"{speedups}\n")
     for name in compressed:
         out.write(f"{name} error vs float64 (max, RMS relative; inputs of one sign): " + ", ".join(
             f"{human_bytes(r['bytes'])} {r['rows'][name]['max_error']:.2e} {r['rows'][name]['rms_error']:.2e}"
@@ -138,8 +142,8 @@ def plot(records, counts, link, path, collective="all_reduce"):
         ax.plot(sizes, [r["rows"][name]["median_s"] * 1e3 for r in records], marker="o", label=name)
     ax.plot(sizes, [r["flat_bound_s"] * 1e3 for r in records], "k--", label="flat ring's bound")
     ax.plot(sizes, [r["hierarchical_bound_s"] * 1e3 for r in records], "k:", label="hierarchical bound")
-    if any(name in COMPRESSED for name in records[0]["rows"]):
-        ax.plot(sizes, [r["compressed_bound_s"] * 1e3 for r in records], "k-.", label="16-bit bound")
+    for name in (n for n in records[0]["rows"] if n in COMPRESSED):  # (bf16's and fp16's coincide)
+        ax.plot(sizes, [r["compressed_bounds_s"][name] * 1e3 for r in records], "k-.", alpha=0.5, label=f"{name} bound")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("bytes")

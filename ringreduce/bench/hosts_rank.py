@@ -23,6 +23,7 @@ ROWS = {
         "auto": lambda b: ringreduce.all_reduce(b.whole, algorithm="auto"),
         "bf16": lambda b: ringreduce.all_reduce(b.whole, compress="bf16"),
         "fp16": lambda b: ringreduce.all_reduce(b.whole, compress="fp16"),
+        "int8": lambda b: ringreduce.all_reduce(b.whole, compress="int8"),
     },
     "reduce_scatter": {
         "gloo": lambda b: dist.reduce_scatter_tensor(b.piece, b.whole),
@@ -65,7 +66,7 @@ class Buffers:
 
 
 # The rows whose values cross hosts rounded, and whose error is measured.
-COMPRESSED_ROWS = ("bf16", "fp16")
+COMPRESSED_ROWS = ("bf16", "fp16", "int8")
 # Elements of a compressed row's result checked against the float64 sum (every rank's inputs are
 # gathered for it): enough for the max and RMS to settle, few enough to gather in a second over
 # the emulated links. The rounding of an element does not depend on the buffer's size.
