@@ -175,38 +175,44 @@ inline void dequantize_block(float* values, const unsigned char* block, std::siz
   for (std::size_t i = 0; i < count; ++i) values[i] = static_cast<float>(levels[i]) * scale;
 }
 
-// The block loops: `count` values from the start of a block, block after block.
-template <typename Block>
-void for_blocks(std::size_t count, const Block& block) {
-  for (std::size_t first = 0; first < count; first += kInt8BlockValues) {
-    block(first / kInt8BlockValues * kInt8BlockBytes, first, std::min(kInt8BlockValues, count - first));
-  }
-}
-
-inline void encode_int8(void* wire, const float* values, std::size_t count) {
-  for_blocks(count, [&](std::size_t at, std::size_t first, std::size_t n) {
-    quantize_block(static_cast<unsigned char*>(wire) + at, values + first, n);
-  });
-}
-
-inline void decode_int8(float* values, const void* wire, std::size_t count) {
-  for_blocks(count, [&](std::size_t at, std::size_t first, std::size_t n) {
-    dequantize_block(values + first, static_cast<const unsigned char*>(wire) + at, n);
-  });
-}
-
-template <bool kDivide>
-void add_encode_int8(void* dst, const void* src, const float* local, std::size_t count, int world) {
-  for_blocks(count, [&](std::size_t at, std::size_t first, std::size_t n) {
-    float sum[kInt8BlockValues];
-    dequantize_block(sum, static_cast<const unsigned char*>(src) + at, n);
-    for (std::size_t i = 0; i < n; ++i) {
-      sum[i] += local[first + i];
-      if constexpr (kDivide) sum[i] /= static_cast<float>(world);
+// The link codec of int8 blocks over one pair of block loops (these, or vectorised ones): `count`
+// values from the start of a block, block after block, the last one partial.
+template <void (*Quantize)(unsigned char*, const float*, std::size_t),
+          void (*Dequantize)(float*, const unsigned char*, std::size_t)>
+struct Int8Blocks {
+  template <typename Block>
+  static void for_blocks(std::size_t count, const Block& block) {
+    for (std::size_t first = 0; first < count; first += kInt8BlockValues) {
+      block(first / kInt8BlockValues * kInt8BlockBytes, first, std::min(kInt8BlockValues, count - first));
     }
-    quantize_block(static_cast<unsigned char*>(dst) + at, sum, n);
-  });
-}
+  }
+  static void encode(void* wire, const float* values, std::size_t count) {
+    for_blocks(count, [&](std::size_t at, std::size_t first, std::size_t n) {
+      Quantize(static_cast<unsigned char*>(wire) + at, values + first, n);
+    });
+  }
+  static void decode(float* values, const void* wire, std::size_t count) {
+    for_blocks(count, [&](std::size_t at, std::size_t first, std::size_t n) {
+      Dequantize(values + first, static_cast<const unsigned char*>(wire) + at, n);
+    });
+  }
+  template <bool kDivide>
+  static void add(void* dst, const void* src, const float* local, std::size_t count, int world) {
+    const float divisor = static_cast<float>(world);
+    for_blocks(count, [&](std::size_t at, std::size_t first, std::size_t n) {
+      alignas(64) float sum[kInt8BlockValues];
+      Dequantize(sum, static_cast<const unsigned char*>(src) + at, n);
+      for (std::size_t i = 0; i < n; ++i) {
+        sum[i] += local[first + i];
+        if constexpr (kDivide) sum[i] /= divisor;
+      }
+      Quantize(static_cast<unsigned char*>(dst) + at, sum, n);
+    });
+  }
+  static LinkCodec codec() {
+    return LinkCodec{kInt8BlockValues, kInt8BlockBytes, &encode, &decode, &add<false>, &add<true>};
+  }
+};
 
 // Loop kinds run `Op` over a `Format` with `run<Format, Op, kDivide, kCopy>`. This one is the
 // portable loop above; cpu_lanes.h has the hand-vectorised one.

@@ -179,6 +179,59 @@ void add_encode_lanes(void* dst_ptr, const void* src_ptr, const float* local, st
   add_encode_loop<typename Format::Scalar, kDivide>(dst + i, src + i, local + i, count - i, world);
 }
 
+// int8 blocks eight values at a time, with formats.h's rounding (the same bits): a whole block's
+// largest magnitude, then its levels rounded to nearest even by the conversion. Partial blocks and
+// blocks with a non-finite value take the portable loop.
+inline void quantize_block_lanes(unsigned char* block, const float* values, std::size_t count) {
+  const __m256 magnitude_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 largest_finite = _mm256_set1_ps(3.4028235e38f);
+  __m256 largest = _mm256_setzero_ps();
+  __m256 not_finite = _mm256_setzero_ps();
+  if (count == kInt8BlockValues) {
+    for (std::size_t i = 0; i < kInt8BlockValues; i += 8) {
+      const __m256 magnitude = _mm256_and_ps(_mm256_loadu_ps(values + i), magnitude_mask);
+      largest = _mm256_max_ps(largest, magnitude);
+      not_finite = _mm256_or_ps(not_finite, _mm256_cmp_ps(magnitude, largest_finite, _CMP_NLE_UQ));
+    }
+  }
+  if (count != kInt8BlockValues || _mm256_movemask_ps(not_finite) != 0) {
+    quantize_block(block, values, count);
+    return;
+  }
+  __m128 half = _mm_max_ps(_mm256_castps256_ps128(largest), _mm256_extractf128_ps(largest, 1));
+  half = _mm_max_ps(half, _mm_movehl_ps(half, half));
+  half = _mm_max_ss(half, _mm_shuffle_ps(half, half, 1));
+  const float most = _mm_cvtss_f32(half);
+  const float scale = most / kInt8Levels;
+  const __m256 inverse = _mm256_set1_ps(most > 0.0f ? kInt8Levels / most : 0.0f);
+  const __m256i in_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes the packs' lane interleaving
+  for (std::size_t i = 0; i < kInt8BlockValues; i += 32) {
+    __m256i levels[4];
+    for (int k = 0; k < 4; ++k) levels[k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(values + i + 8 * k), inverse));
+    const __m256i words = _mm256_packs_epi32(levels[0], levels[1]);
+    const __m256i more_words = _mm256_packs_epi32(levels[2], levels[3]);
+    const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(words, more_words), in_order);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(block + sizeof(float) + i), bytes);
+  }
+  std::memcpy(block, &scale, sizeof scale);
+}
+
+inline void dequantize_block_lanes(float* values, const unsigned char* block, std::size_t count) {
+  if (count != kInt8BlockValues) {
+    dequantize_block(values, block, count);
+    return;
+  }
+  float scale;
+  std::memcpy(&scale, block, sizeof scale);
+  const __m256 scales = _mm256_set1_ps(scale);
+  for (std::size_t i = 0; i < kInt8BlockValues; i += 8) {
+    const __m128i levels = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + sizeof(float) + i));
+    _mm256_storeu_ps(values + i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(levels)), scales));
+  }
+}
+
+inline LinkCodec int8_codec_lanes() { return Int8Blocks<quantize_block_lanes, dequantize_block_lanes>::codec(); }
+
 template <typename Format>
 LinkCodec codec_lanes() {
   return LinkCodec{1, sizeof(std::uint16_t), &encode_lanes<Format>, &decode_lanes<Format>,

@@ -40,7 +40,7 @@ struct LinkCodec {
 // not cover and on CPUs or architectures without its instructions.
 bool avx512bf16_loops(DType dtype, ReduceOp op, LoopSet* loops);  // bfloat16, AVX-512 BF16
 bool avx2_loops(DType dtype, ReduceOp op, LoopSet* loops);        // float16 and bfloat16, AVX2 and F16C
-// The same for the link codecs: Compression::BFloat16 only, and both formats.
+// The same for the link codecs: Compression::BFloat16 only, and every compression.
 bool avx512bf16_codec(Compression compression, LinkCodec* codec);
 bool avx2_codec(Compression compression, LinkCodec* codec);
 

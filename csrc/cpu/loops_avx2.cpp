@@ -17,7 +17,11 @@ LoopSet avx2_lanes(DType dtype, ReduceOp op) {
 }
 
 LinkCodec avx2_codec_lanes(Compression compression) {
-  return compression == Compression::Float16 ? codec_lanes<HalfLanes>() : codec_lanes<BFloat16Lanes>();
+  switch (compression) {
+    case Compression::Float16: return codec_lanes<HalfLanes>();
+    case Compression::Int8: return int8_codec_lanes();
+    default: return codec_lanes<BFloat16Lanes>();
+  }
 }
 
 }  // namespace

@@ -55,12 +55,12 @@ LinkCodec portable_codec() {
 
 LinkCodec fastest_codec(Compression compression) {
   LinkCodec codec{};
-  if (compression == Compression::Int8) {
-    return LinkCodec{kInt8BlockValues, kInt8BlockBytes, &encode_int8, &decode_int8, &add_encode_int8<false>,
-                     &add_encode_int8<true>};
-  }
   if (avx512bf16_codec(compression, &codec) || avx2_codec(compression, &codec)) return codec;
-  return compression == Compression::Float16 ? portable_codec<Half>() : portable_codec<BFloat16>();
+  switch (compression) {
+    case Compression::Float16: return portable_codec<Half>();
+    case Compression::Int8: return Int8Blocks<quantize_block, dequantize_block>::codec();
+    default: return portable_codec<BFloat16>();
+  }
 }
 
 DType wire_dtype(Compression compression) {
