@@ -7,8 +7,8 @@ All-reduce (also coalesced), reduce-scatter and all-gather (tensor and list form
 reduce and barrier run on ringreduce's engine; gather, scatter, all-to-all and send/recv go to a
 gloo backend on the same store (CUDA tensors: torch's NCCL backend). Every group made with ``new_group`` gets its own.
 ``RINGREDUCE_ALGORITHM`` (auto, ring, central, one_shot or hierarchical) picks the all-reduce algorithm; auto by
-default (see ringreduce.tuning). ``RINGREDUCE_COMPRESS`` (bf16 or fp16; none by default) sends float32 SUM and AVG
-all-reduces and reduce-scatters between hosts in 16 bits (docs/compression.md); every rank must set the same.
+default (see ringreduce.tuning). ``RINGREDUCE_COMPRESS`` (bf16, fp16 or int8; none by default) sends float32 SUM and AVG
+all-reduces and reduce-scatters between hosts compressed (docs/compression.md); every rank must set the same.
 
 When ranks die, every survivor raises ringreduce.RanksLostError naming them, and
 ``dist.shrink_group(lost)`` gives the survivors a group of their own (see docs/elastic.md).

@@ -47,10 +47,11 @@ def all_reduce(
         transport: None chooses automatically; see ``build_info()["transports"]``.
         segment_bytes: pipeline segment size; default ``RINGREDUCE_SEGMENT_BYTES`` or the engine's.
         root: the reducing rank of the central algorithm (group rank).
-        compress: ``None`` (exact, the default), ``"bf16"`` or ``"fp16"``: on a group that spans
-            hosts, a float32 SUM or AVG runs hierarchical and its values cross the link between
-            hosts in that 16-bit format, added in float32 and rounded once per host; inside each
-            host they stay exact, and every rank ends with the same bits (docs/compression.md).
+        compress: ``None`` (exact, the default), ``"bf16"``, ``"fp16"`` or ``"int8"``: on a group
+            that spans hosts, a float32 SUM or AVG runs hierarchical and its values cross the link
+            between hosts in that format (int8: blocks of 256 with a float32 scale), added in
+            float32 and rounded once per host; inside each host they stay exact, and every rank
+            ends with the same bits (docs/compression.md).
             Elsewhere (one host, other dtypes and ops) the call runs exact, as
             ``RINGREDUCE_DEBUG=INFO`` says. Give it with ``algorithm`` "auto" or "hierarchical".
 
@@ -115,7 +116,8 @@ def reduce_scatter_tensor(output, input, op=dist.ReduceOp.SUM, group=None, async
     ``input`` for H hosts), or ``"auto"`` (the default: hierarchical wherever it runs, else ring).
 
     ``compress``: as all_reduce's, where the reduce-scatter runs hierarchical (the same number of
-    ranks on every host): each rank's share crosses hosts in bf16 or fp16, summed in float32.
+    ranks on every host): each rank's share crosses hosts in bf16 or fp16, summed in float32
+    (``"int8"`` runs exact here).
     """
     _tensor_pair(output, input, "reduce_scatter_tensor")
     code = op_code(op)
