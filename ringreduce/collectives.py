@@ -27,6 +27,7 @@ def all_reduce(
     segment_bytes=None,
     root=0,
     compress=None,
+    residual=None,
 ):
     """Reduce ``tensor`` across every rank of ``group``, in place, like ``torch.distributed.all_reduce``.
 
@@ -54,6 +55,11 @@ def all_reduce(
             ends with the same bits (docs/compression.md).
             Elsewhere (one host, other dtypes and ops) the call runs exact, as
             ``RINGREDUCE_DEBUG=INFO`` says. Give it with ``algorithm`` "auto" or "hierarchical".
+        residual: for error feedback, a contiguous float32 CPU tensor of ``tensor``'s elements
+            (apart from it), on a compressed SUM: this rank adds to it what each rounding it made
+            dropped, so that the residuals summed over the ranks gain the exact sum minus the
+            result. Add it to the next step's values (ringreduce.hooks.compressed_hook does).
+            Where the call runs exact it stays as it is.
 
     Returns:
         None, or the work handle when ``async_op`` is true; its future's value is ``[tensor]``.
@@ -61,7 +67,7 @@ def all_reduce(
     if group is None:  # remembered and destroyed as the group itself
         group = _groups.default_group()
     # Fast path: a call like one that passed every check before skips the checks (in C++).
-    if segment_bytes is None and root == 0 and compress is None:
+    if segment_bytes is None and root == 0 and compress is None and residual is None:
         work = _repeat_checked_call(tensor, op, group, async_op, algorithm, transport)
         if work is not NotImplemented:
             return work
@@ -77,12 +83,14 @@ def all_reduce(
         return None
     comm = communicator(group, tensor, transport, algorithm)
     algorithm_code_ = algorithm_code(algorithm)
+    if residual is not None and not isinstance(residual, torch.Tensor):
+        raise TypeError(f"ringreduce.all_reduce: residual must be a torch.Tensor, got {type(residual).__name__}")
     work = comm.all_reduce(tensor, code, algorithm_code_, check_segment_bytes(segment_bytes), root, async_op,
-                           compression)
+                           compression, residual)
     # Only calls on torch groups with a ReduceOp singleton are remembered: a LocalWorld rank finds
     # its communicator itself, and a ReduceOp instance made per call would be a new entry each time.
     if (type(tensor) is torch.Tensor and segment_bytes is None and root == 0 and compress is None
-            and id(op) in _OP_CODES_BY_ID and not isinstance(group, _groups.CommunicatorSource)):
+            and residual is None and id(op) in _OP_CODES_BY_ID and not isinstance(group, _groups.CommunicatorSource)):
         _checked_calls.remember(tensor, op, group, algorithm, transport, comm, algorithm_code_, code)
     return work if async_op else None
 

@@ -84,15 +84,18 @@ const LinkCodec& link_codec(Compression compression) {
 }
 
 LinkReducer::LinkReducer(Compression compression, ReduceOp op, int world, const void* wire, const float* exact,
-                         std::size_t count)
+                         std::size_t count, float* residual)
     : Reducer(wire_dtype(compression), op),
       codec_(link_codec(compression)),
       divides_(op == ReduceOp::Avg),
       world_(world),
       wire_(static_cast<const unsigned char*>(wire)),
       exact_(exact),
-      count_(count) {
+      count_(count),
+      residual_(residual) {
   RR_CHECK(op == ReduceOp::Sum || op == ReduceOp::Avg, "a compressed link reduces SUM and AVG only, not ", op_name(op));
+  // (AVG's last rounding is of the sum divided, in other units than the values')
+  RR_CHECK(residual == nullptr || op == ReduceOp::Sum, "a compressed link keeps its rounding errors for SUM only");
 }
 
 void LinkReducer::reduce(void* dst, const void* src, std::size_t count, bool last) const {
@@ -100,11 +103,34 @@ void LinkReducer::reduce(void* dst, const void* src, std::size_t count, bool las
   const std::size_t first = (static_cast<const unsigned char*>(dst) - wire_) / codec_.element_bytes * codec_.values_per_element;
   const std::size_t values = std::min(count * codec_.values_per_element, count_ - std::min(first, count_));
   (last && divides_ ? codec_.add_divide : codec_.add)(dst, src, exact_ + first, values, world_);
+  if (residual_ != nullptr) keep_rounding_error(codec_, residual_ + first, exact_ + first, src, dst, values);
 }
 
 void LinkReducer::reduce_copy(void* dst, const void* src, void* copy, std::size_t count, bool last) const {
   reduce(dst, src, count, last);
   std::memcpy(copy, dst, count * codec_.element_bytes);
+}
+
+void keep_rounding_error(const LinkCodec& codec, float* residual, const float* exact, const void* arriving,
+                         const void* wire, std::size_t count) {
+  // Piece by piece through two buffers on the stack: whole elements (int8 blocks) of values.
+  constexpr std::size_t kPieceValues = 4096;
+  static_assert(kPieceValues % kInt8BlockValues == 0, "a piece holds whole int8 blocks");
+  float before[kPieceValues];
+  float after[kPieceValues];
+  const std::size_t element_bytes = codec.element_bytes;
+  for (std::size_t first = 0; first < count; first += kPieceValues) {
+    const std::size_t n = std::min(kPieceValues, count - first);
+    const std::size_t offset = first / codec.values_per_element * element_bytes;
+    codec.decode(after, static_cast<const unsigned char*>(wire) + offset, n);
+    if (arriving != nullptr) {
+      codec.decode(before, static_cast<const unsigned char*>(arriving) + offset, n);
+      for (std::size_t i = 0; i < n; ++i) before[i] += exact[first + i];  // the sum the codec rounded
+    } else {
+      std::memcpy(before, exact + first, n * sizeof(float));
+    }
+    for (std::size_t i = 0; i < n; ++i) residual[first + i] += before[i] - after[i];
+  }
 }
 
 std::unique_ptr<Reducer> make_cpu_reducer(DType dtype, ReduceOp op, int world) {

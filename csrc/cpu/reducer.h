@@ -19,10 +19,12 @@ const LinkCodec& link_codec(Compression compression);
 // their compressed copy (elements of the codec's), and a reduction into the wire takes the arriving
 // partial sums, widens them, adds this rank's own float32 values at the same place in `exact` and
 // rounds once. So each hop rounds a partial sum once, and a rank's own contribution is never
-// rounded on its own before it is added. SUM and AVG only.
+// rounded on its own before it is added. SUM and AVG only. With a `residual` (SUM only), each
+// reduction also adds what its rounding dropped there (keep_rounding_error).
 class LinkReducer final : public Reducer {
  public:
-  LinkReducer(Compression compression, ReduceOp op, int world, const void* wire, const float* exact, std::size_t count);
+  LinkReducer(Compression compression, ReduceOp op, int world, const void* wire, const float* exact, std::size_t count,
+              float* residual = nullptr);
   std::size_t element_size() const override { return codec_.element_bytes; }
   void reduce(void* dst, const void* src, std::size_t count, bool last) const override;
   void reduce_copy(void* dst, const void* src, void* copy, std::size_t count, bool last) const override;
@@ -34,6 +36,13 @@ class LinkReducer final : public Reducer {
   const unsigned char* wire_;
   const float* exact_;
   std::size_t count_;
+  float* residual_;  // null: errors dropped
 };
+
+// residual[i] += (exact[i] + arriving[i] widened) - wire[i] widened for i < count values: what
+// rounding that sum into `wire` lost (`arriving` null: exact alone was rounded). Error feedback
+// keeps it, to add it to the next step's values.
+void keep_rounding_error(const LinkCodec& codec, float* residual, const float* exact, const void* arriving,
+                         const void* wire, std::size_t count);
 
 }  // namespace ringreduce

@@ -171,6 +171,9 @@ void Communicator::run_resolved(const CollectiveArgs& args, const char* auto_rol
                            (args.op == ReduceOp::Sum || args.op == ReduceOp::Avg) && spans_hosts() &&
                            (args.collective == Collective::AllReduce || args.collective == Collective::ReduceScatter)),
            "compression runs on a hierarchical float32 SUM or AVG all-reduce or reduce-scatter over several hosts only");
+  RR_CHECK(args.residual == nullptr || (compressed && args.collective == Collective::AllReduce &&
+                                        args.op == ReduceOp::Sum && stream_ == nullptr),
+           "a residual keeps the rounding errors of a compressed SUM all-reduce on host memory only");
   RR_CHECK(!hierarchical || has_hierarchy() || compressed, "hierarchical runs on a group whose ranks span several "
            "hosts with several ranks on some host; this group is ", hosts_ ? hosts_->layout.describe() : "on one host",
            ": use ring, central or one_shot");
@@ -224,7 +227,7 @@ void Communicator::run_resolved(const CollectiveArgs& args, const char* auto_rol
               break;
             case Algorithm::Hierarchical:
               hierarchical_all_reduce(*transport_, *hosts_, reducer, args.data, args.numel, segment_bytes, lanes,
-                                      args.compression);
+                                      args.compression, args.residual);
               break;
             default:
               one_shot_all_reduce(*transport_, reducer, args.data, host_scratch(args.numel * reducer.element_size()),

@@ -47,9 +47,12 @@ struct CollectiveArgs {
   int root = 0;                   // central reducer and broadcast only
   // Reduce-scatter on host memory: the input, when it is not in `data` (then working memory).
   const void* input = nullptr;
-  // A hierarchical float32 SUM or AVG all-reduce or reduce-scatter: the 16-bit format its values
-  // take between hosts.
+  // A hierarchical float32 SUM or AVG all-reduce or reduce-scatter: the format its values take
+  // between hosts (16-bit, or int8 blocks).
   Compression compression = Compression::None;
+  // A compressed SUM all-reduce on host memory: where this rank adds the rounding errors it made
+  // (numel float32 values, apart from `data`), for error feedback.
+  float* residual = nullptr;
 };
 
 // The algorithm a call runs, by name ("ring", "central", "one_shot", "hierarchical", "auto").

@@ -49,18 +49,24 @@ class Wire {
 
   // The wire for `count` values, with what `transfers` (this rank's part of the ring, in elements)
   // send as they are rounded into it: every other element is written by a reduction or a copy
-  // before it is read.
-  void* load(const float* values, std::size_t count, const std::vector<RingTransfer>& transfers) {
+  // before it is read. A `residual` (as long as `values`) gains every rounding error of this rank's.
+  void* load(const float* values, std::size_t count, const std::vector<RingTransfer>& transfers, float* residual) {
     count_ = count;
+    residual_ = residual;
     bytes_.resize(std::max(bytes_.size(), elements(count) * element_bytes()));
     for (const RingTransfer& t : transfers) {
-      if (t.send_own) codec_->encode(at(t.send), values + first_value(t.send), values_in(t.send));
+      if (!t.send_own) continue;
+      const std::size_t first = first_value(t.send);
+      codec_->encode(at(t.send), values + first, values_in(t.send));
+      if (residual != nullptr) {
+        keep_rounding_error(*codec_, residual + first, values + first, nullptr, at(t.send), values_in(t.send));
+      }
     }
     return bytes_.data();
   }
   // The reducer of the ring on the wire, adding `values` (what load() was given).
   LinkReducer reducer(const float* values) const {
-    return LinkReducer(compression_, op_, world_, bytes_.data(), values, count_);
+    return LinkReducer(compression_, op_, world_, bytes_.data(), values, count_, residual_);
   }
   // Widens the elements `span` of the finished wire back into `values`.
   void unload(float* values, Span span) const {
@@ -80,6 +86,7 @@ class Wire {
   ReduceOp op_ = ReduceOp::Sum;
   int world_ = 0;
   std::size_t count_ = 0;  // values on the wire now
+  float* residual_ = nullptr;  // load()'s
   std::vector<unsigned char> bytes_;
 };
 
@@ -88,14 +95,16 @@ class Wire {
 class Stages {
  public:
   Stages(Transport& across, HostTier& tier, const Reducer& reducer, std::size_t segment_bytes, std::size_t lanes,
-         Compression compression)
+         Compression compression, const char* data, float* residual)
       : across_(across),
         tier_(tier),
         reducer_(reducer),
         segment_bytes_(segment_bytes),
         lanes_(lanes),
         neighbours_(static_cast<int>(tier.layout.ranks_of(tier.layout.host_of(across.rank())).size())),
-        wire_(compression, reducer, tier.layout.world()) {}
+        wire_(compression, reducer, tier.layout.world()),
+        data_(data),
+        residual_(residual) {}
 
   // Stage 1, inside the host: a reduce-scatter per round of shards leaves this rank with its shards
   // of the block reduced over the host. The elements' last reductions come across hosts.
@@ -129,8 +138,11 @@ class Stages {
   // rounding per hop, and every rank widens the same final bits into `values`.
   void reduce_across_compressed(Transport& ring, float* values, std::size_t count) {
     const std::size_t elements = wire_.elements(count);
-    void* wire = wire_.load(values, count, ring_schedule(elements, wire_.element_bytes(), ring.size(), ring.rank(),
-                                                         segment_bytes_, lanes_));
+    float* residual =
+        residual_ == nullptr ? nullptr : residual_ + (reinterpret_cast<const char*>(values) - data_) / sizeof(float);
+    void* wire = wire_.load(values, count,
+                            ring_schedule(elements, wire_.element_bytes(), ring.size(), ring.rank(), segment_bytes_, lanes_),
+                            residual);
     ring_all_reduce(ring, wire_.reducer(values), wire, elements, segment_bytes_, lanes_);
     wire_.unload(values, Span{0, elements});
   }
@@ -156,6 +168,8 @@ class Stages {
   std::size_t lanes_;
   int neighbours_;  // ranks on this rank's host
   Wire wire_;
+  const char* data_;  // the whole buffer, where residual_ starts too
+  float* residual_;   // null: rounding errors dropped
 };
 
 // Where the two threads of a pipeline meet: block b may cross once the host has done its first part
@@ -303,7 +317,8 @@ class Columns {
     float* values = reinterpret_cast<float*>(column_of(b));
     const SegmentLayout on_wire = chunk_layout(blocks_[b].count, wire_.element_bytes(), layout_.hosts(), segment_bytes_);
     void* wire = wire_.load(values, on_wire.numel,
-                            ring_schedule(on_wire, ring.size(), ring.rank(), lanes_, RingPhases::ReduceScatter));
+                            ring_schedule(on_wire, ring.size(), ring.rank(), lanes_, RingPhases::ReduceScatter),
+                            /*residual=*/nullptr);
     ring_reduce_scatter(ring, wire_.reducer(values), wire, on_wire, lanes_, /*finishes=*/true);
     wire_.unload(values, on_wire.chunk(ring.rank()));
   }
@@ -358,10 +373,11 @@ std::vector<Span> hierarchical_blocks(std::size_t numel, std::size_t elem_size, 
 }
 
 void hierarchical_all_reduce(Transport& across, HostTier& tier, const Reducer& reducer, void* data, std::size_t numel,
-                             std::size_t segment_bytes, std::size_t lanes, Compression compression) {
+                             std::size_t segment_bytes, std::size_t lanes, Compression compression,
+                             float* residual) {
   const std::size_t elem = reducer.element_size();
   char* base = static_cast<char*>(data);
-  Stages stages(across, tier, reducer, segment_bytes, lanes, compression);
+  Stages stages(across, tier, reducer, segment_bytes, lanes, compression, base, residual);
   const std::vector<Span> blocks = hierarchical_blocks(numel, elem);
   auto at = [&](std::size_t b) { return base + blocks[b].offset * elem; };
   if (!tier.neighbours) {  // alone on this host: the link is all there is

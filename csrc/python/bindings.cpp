@@ -73,10 +73,11 @@ Compression checked_compression(int compression_code) {
 }
 
 py::object all_reduce(Communicator& communicator, const at::Tensor& tensor, int op_code, int algorithm_code,
-                      std::size_t segment_bytes, int root, bool async_op, int compression_code) {
+                      std::size_t segment_bytes, int root, bool async_op, int compression_code,
+                      const std::optional<at::Tensor>& residual) {
   return to_python(submit(communicator,
                           all_reduce_call(communicator, tensor, checked_op(op_code), checked_algorithm(algorithm_code),
-                                          segment_bytes, root, checked_compression(compression_code)),
+                                          segment_bytes, root, checked_compression(compression_code), residual),
                           async_op));
 }
 
@@ -259,7 +260,7 @@ PYBIND11_MODULE(_C, m) {
            "whether algorithm='auto' learns the algorithm of an all-reduce of `bytes` here (else a table or the prior "
            "decides)")
       .def("all_reduce", &all_reduce, py::arg("tensor"), py::arg("op"), py::arg("algorithm"), py::arg("segment_bytes"),
-           py::arg("root"), py::arg("async_op"), py::arg("compression") = 0)
+           py::arg("root"), py::arg("async_op"), py::arg("compression") = 0, py::arg("residual") = py::none())
       .def("reduce_scatter", &reduce_scatter, py::arg("output"), py::arg("input"), py::arg("op"),
            py::arg("algorithm"), py::arg("segment_bytes"), py::arg("async_op"), py::arg("compression") = 0)
       .def("all_gather", &all_gather, py::arg("output"), py::arg("input"), py::arg("algorithm"),

@@ -408,11 +408,38 @@ Compression link_compression(const Communicator& communicator, Compression asked
   return asked;
 }
 
+// A residual for error feedback: a contiguous float32 CPU tensor of the tensor's elements, apart
+// from it, on a SUM (an AVG's last rounding is of the sum divided, in other units).
+void check_residual(const at::Tensor& residual, const at::Tensor& tensor, ReduceOp op) {
+  const char* wrong = nullptr;
+  if (op != ReduceOp::Sum) {
+    wrong = "keeps the rounding errors of a SUM only; divide the values first (as ringreduce.hooks.compressed_hook "
+            "does) and reduce with SUM";
+  } else if (residual.scalar_type() != at::kFloat || !residual.device().is_cpu() || !residual.is_contiguous()) {
+    wrong = "must be a contiguous float32 CPU tensor";
+  } else if (residual.numel() != tensor.numel()) {
+    wrong = "must hold as many elements as the tensor";
+  } else if (residual.numel() > 0 && tensor.device().is_cpu()) {
+    const auto* first = static_cast<const char*>(residual.data_ptr());
+    const auto* last = first + residual.nbytes();
+    const auto* from = static_cast<const char*>(tensor.data_ptr());
+    const auto* to = from + tensor.element_size() * static_cast<std::size_t>(tensor.numel());
+    if (first < to && from < last) wrong = "must not share memory with the tensor";
+  }
+  if (wrong != nullptr) {
+    throw py::value_error(detail::concat("ringreduce.all_reduce: residual ", wrong, "; got ", residual.numel(), " x ",
+                                         residual.scalar_type(), " on ", residual.device(), " for a tensor of ",
+                                         tensor.numel(), " elements, op ", op_name(op)));
+  }
+}
+
 }  // namespace
 
 Call all_reduce_call(Communicator& communicator, const at::Tensor& tensor, ReduceOp op, Algorithm algorithm,
-                     std::size_t segment_bytes, int root, Compression compression) {
+                     std::size_t segment_bytes, int root, Compression compression,
+                     const std::optional<at::Tensor>& residual) {
   const DType dtype = to_dtype(tensor, op);
+  if (residual) check_residual(*residual, tensor, op);
   compression = link_compression(communicator, compression, Collective::AllReduce, dtype, op, &algorithm);
   if (algorithm == Algorithm::OneShot && communicator.stream_context() != nullptr) {
     throw std::invalid_argument("ringreduce: algorithm 'one_shot' runs on host transports only; use 'auto', 'ring' "
@@ -439,6 +466,15 @@ Call all_reduce_call(Communicator& communicator, const at::Tensor& tensor, Reduc
   call.args = {Collective::AllReduce, buffer.data_ptr(), static_cast<std::size_t>(buffer.numel()), dtype, op, algorithm,
                segment_bytes, root};
   call.args.compression = compression;
+  // (where the call runs exact, nothing was dropped: the residual stays as it is)
+  if (residual && compression != Compression::None) {
+    if (communicator.stream_context() != nullptr) {
+      throw py::value_error("ringreduce.all_reduce: a residual keeps the rounding errors of CPU tensors only; this "
+                            "communicator serves a device");
+    }
+    call.args.residual = residual->data_ptr<float>();
+    call.reads = {*residual};
+  }
   call.results = {tensor};
   if (!buffer.is_same(tensor)) call.after = {{buffer, tensor}};
   return call;

@@ -8,6 +8,7 @@
 
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <optional>
 #include <vector>
 
 #include "engine/communicator.h"
@@ -35,9 +36,11 @@ ReduceOp checked_op(int op_code);
 
 // The calls, checked against torch's rules (ValueError/TypeError naming what is wrong).
 // With a `compression`, a float32 SUM or AVG on a group that spans hosts runs hierarchical,
-// compressed between hosts (Auto or Hierarchical only); anything else runs exact.
+// compressed between hosts (Auto or Hierarchical only); anything else runs exact. A compressed SUM
+// on host memory adds the rounding errors this rank made to `residual` (error feedback).
 Call all_reduce_call(Communicator& communicator, const at::Tensor& tensor, ReduceOp op, Algorithm algorithm,
-                     std::size_t segment_bytes, int root, Compression compression = Compression::None);
+                     std::size_t segment_bytes, int root, Compression compression = Compression::None,
+                     const std::optional<at::Tensor>& residual = std::nullopt);
 // A reduce-scatter or all-gather runs Auto (hierarchical where every host has the same number of
 // ranks, else the ring), Ring or Hierarchical; a reduce-scatter compresses as an all-reduce, where
 // it runs hierarchical.
