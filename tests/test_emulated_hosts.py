@@ -216,6 +216,9 @@ def test_the_hosts_bench_rows_compressed_links_beside_exact_ones():
     for name, unit in (("bf16", 2.0 ** -8), ("fp16", 2.0 ** -11)):
         row = record["rows"][name]
         assert 0 < row["rms_error"] < row["max_error"] <= (1 + unit) ** 2 * (1 + 2.0 ** -24) ** 5 - 1, (name, row)
+    # Keeping the rounding errors changes neither the sum nor the bytes.
+    assert record["rows"]["int8+fb"]["max_error"] == record["rows"]["int8"]["max_error"] > 0
+    assert record["compressed_bounds_s"]["int8+fb"] == record["compressed_bounds_s"]["int8"]
     table = io.StringIO()
     across_hosts.print_table([record], [2, 2], "2gbit", out=table)
     assert "bf16 error vs float64 (max, RMS relative" in table.getvalue(), table.getvalue()

@@ -4,8 +4,8 @@ H hosts of k ranks on this machine (ringreduce/bench/hosts.py), each host's link
 --link. Every size times, in one run, trial by trial: torch.distributed's collective on gloo,
 ringreduce's flat ring (every rank on gloo's pairs), the hierarchical one (shared memory inside
 each host, gloo across), for all_reduce auto, and for all_reduce and reduce_scatter the
-hierarchical one compressed to bf16 and fp16 between hosts (all_reduce also int8), each with its
-error against a float64 reference. Beside them, the bounds the link sets: each host's link carries
+hierarchical one compressed to bf16 and fp16 between hosts (all_reduce also int8, with and without
+keeping its rounding errors for error feedback), each with its error against a float64 reference. Beside them, the bounds the link sets: each host's link carries
 2(N-1)/N of the buffer in a flat all-reduce of N ranks, 2(H-1)/H in a hierarchical one, half that
 in 16 bits and about a quarter in int8; a reduce-scatter or all-gather half as much.
 """
@@ -18,10 +18,11 @@ import sys
 from ringreduce.bench.hosts import EmulatedHosts, available
 from ringreduce.bench.report import human_bytes
 
-ROWS = ("gloo", "ring", "hierarchical", "auto", "bf16", "fp16", "int8")
+ROWS = ("gloo", "ring", "hierarchical", "auto", "bf16", "fp16", "int8", "int8+fb")
 # The rows compressed between hosts (ringreduce.all_reduce's `compress`), and the bytes a float32
-# value takes on the link in each (int8: blocks of 256 values and a float32 scale).
-WIRE_BYTES_PER_VALUE = {"bf16": 2.0, "fp16": 2.0, "int8": 260 / 256}
+# value takes on the link in each (int8: blocks of 256 values and a float32 scale; int8+fb: int8
+# keeping each rank's rounding errors for error feedback).
+WIRE_BYTES_PER_VALUE = {"bf16": 2.0, "fp16": 2.0, "int8": 260 / 256, "int8+fb": 260 / 256}
 COMPRESSED = tuple(WIRE_BYTES_PER_VALUE)
 # The collectives timed across hosts (--collective), and the share of an all-reduce's bytes each moves.
 LINK_SHARE = {"all_reduce": 1.0, "reduce_scatter": 0.5, "all_gather": 0.5}
@@ -109,17 +110,17 @@ def print_table(records, counts, link, collective="all_reduce", out=sys.stdout):
     compressed = [r for r in rows if r in COMPRESSED]
     out.write(f"# {len(counts)} emulated hosts ({'+'.join(map(str, counts))} ranks), links of {link} each way; "
               f"{collective} float32 SUM, median trial (fastest) in ms per call; bf16, fp16, int8: hierarchical, "
-              "compressed between hosts\n")
+              "compressed between hosts; int8+fb: int8 keeping its rounding errors (error feedback)\n")
     out.write(f"{'size':>8} " + "".join(f"{name:>22}" for name in rows)
-              + f"{'flat bound':>12}{'hier. bound':>12}" + "".join(f"{name + ' bound':>12}" for name in compressed)
-              + f"{'exact/gloo':>11}" + "".join(f"{name + '/gloo':>10}" for name in compressed) + "\n")
+              + f"{'flat bound':>12}{'hier. bound':>12}" + "".join(f"{name + ' bound':>14}" for name in compressed)
+              + f"{'exact/gloo':>11}" + "".join(f"{name + '/gloo':>13}" for name in compressed) + "\n")
     for record in records:
         cells = "".join(f"{r['median_s'] * 1e3:>13.2f} ({r['fastest_s'] * 1e3:>6.2f})" for r in record["rows"].values())
         speedups = "".join(f"{_speedup(record, names):>{width}.2f}x"
-                           for names, width in [(exact, 10)] + [((name,), 9) for name in compressed])
+                           for names, width in [(exact, 10)] + [((name,), 12) for name in compressed])
         out.write(f"{human_bytes(record['bytes']):>8} {cells}{record['flat_bound_s'] * 1e3:>12.2f}"
                   f"{record['hierarchical_bound_s'] * 1e3:>12.2f}"
-                  + "".join(f"{record['compressed_bounds_s'][name] * 1e3:>12.2f}" for name in compressed)
+                  + "".join(f"{record['compressed_bounds_s'][name] * 1e3:>14.2f}" for name in compressed)
                   + f"{speedups}\n")
     for name in compressed:
         out.write(f"{name} error vs float64 (max, RMS relative; inputs of one sign): " + ", ".join(

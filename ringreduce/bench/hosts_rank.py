@@ -24,6 +24,8 @@ ROWS = {
         "bf16": lambda b: ringreduce.all_reduce(b.whole, compress="bf16"),
         "fp16": lambda b: ringreduce.all_reduce(b.whole, compress="fp16"),
         "int8": lambda b: ringreduce.all_reduce(b.whole, compress="int8"),
+        # int8 keeping its rounding errors, as error feedback does (the same sum, the same bytes)
+        "int8+fb": lambda b: ringreduce.all_reduce(b.whole, compress="int8", residual=b.residual),
     },
     "reduce_scatter": {
         "gloo": lambda b: dist.reduce_scatter_tensor(b.piece, b.whole),
@@ -42,12 +44,14 @@ ROWS = {
 
 class Buffers:
     """The float32 buffers of one size: `whole` (an all-reduce's tensor, a reduce-scatter's input, an
-    all-gather's output) and `piece`, this rank's share of it."""
+    all-gather's output), `piece`, this rank's share of it, and `residual`, where an all-reduce with
+    error feedback keeps its rounding errors."""
 
     def __init__(self, nbytes, world):
         numel = nbytes // 4 // world * world
         self.whole = torch.ones(numel)
         self.piece = torch.ones(numel // world)
+        self.residual = torch.zeros(numel)
 
     def check(self, collective, name, call):
         """Runs `call` once on known inputs and checks the result."""
@@ -66,7 +70,7 @@ class Buffers:
 
 
 # The rows whose values cross hosts rounded, and whose error is measured.
-COMPRESSED_ROWS = ("bf16", "fp16", "int8")
+COMPRESSED_ROWS = ("bf16", "fp16", "int8", "int8+fb")
 # Elements of a compressed row's result checked against the float64 sum (every rank's inputs are
 # gathered for it): enough for the max and RMS to settle, few enough to gather in a second over
 # the emulated links. The rounding of an element does not depend on the buffer's size.
