@@ -140,9 +140,9 @@ class Stages {
     const std::size_t elements = wire_.elements(count);
     float* residual =
         residual_ == nullptr ? nullptr : residual_ + (reinterpret_cast<const char*>(values) - data_) / sizeof(float);
-    void* wire = wire_.load(values, count,
-                            ring_schedule(elements, wire_.element_bytes(), ring.size(), ring.rank(), segment_bytes_, lanes_),
-                            residual);
+    const std::vector<RingTransfer> transfers =
+        ring_schedule(elements, wire_.element_bytes(), ring.size(), ring.rank(), segment_bytes_, lanes_);
+    void* wire = wire_.load(values, count, transfers, residual);
     ring_all_reduce(ring, wire_.reducer(values), wire, elements, segment_bytes_, lanes_);
     wire_.unload(values, Span{0, elements});
   }

@@ -50,8 +50,9 @@ std::vector<Span> hierarchical_blocks(std::size_t numel, std::size_t elem_size, 
 // With a `compression` (float32 SUM or AVG only) the rings across hosts carry compressed values
 // (16-bit, or int8 blocks): a rank rounds its shard once to send it, each hop adds the arriving
 // partial sum to the rank's own float32 values and rounds once (LinkReducer), and the owner of a
-// chunk rounds its final sum, which is what every rank decodes. So a value is rounded once per host (H times), every rank still ends with the
-// same bits, and the stages inside each host stay exact. Also where every host has one rank.
+// chunk rounds its final sum, which is what every rank decodes. So a value is rounded once per
+// host (H times), every rank still ends with the same bits, and the stages inside each host stay
+// exact. Also where every host has one rank.
 // A `residual` (float32 SUM, as many values as `data`) gains each rounding this rank made, where it
 // made it: summed over the ranks, the residuals gain the exact sum minus the result (error feedback).
 void hierarchical_all_reduce(Transport& across, HostTier& tier, const Reducer& reducer, void* data, std::size_t numel,

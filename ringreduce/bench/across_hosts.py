@@ -5,9 +5,10 @@ H hosts of k ranks on this machine (ringreduce/bench/hosts.py), each host's link
 ringreduce's flat ring (every rank on gloo's pairs), the hierarchical one (shared memory inside
 each host, gloo across), for all_reduce auto, and for all_reduce and reduce_scatter the
 hierarchical one compressed to bf16 and fp16 between hosts (all_reduce also int8, with and without
-keeping its rounding errors for error feedback), each with its error against a float64 reference. Beside them, the bounds the link sets: each host's link carries
-2(N-1)/N of the buffer in a flat all-reduce of N ranks, 2(H-1)/H in a hierarchical one, half that
-in 16 bits and about a quarter in int8; a reduce-scatter or all-gather half as much.
+keeping its rounding errors for error feedback), each with its error against a float64 reference.
+Beside them, the bounds the link sets: each host's link carries 2(N-1)/N of the buffer in a flat
+all-reduce of N ranks, 2(H-1)/H in a hierarchical one, half that in 16 bits and about a quarter in
+int8; a reduce-scatter or all-gather half as much.
 """
 
 import json
