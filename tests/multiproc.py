@@ -209,3 +209,15 @@ def kill_after_first_call(rank, world, victims):
         for victim in victims:
             os.kill(int(store.get(f"pid/{victim}")), signal.SIGKILL)
     return store
+
+
+def lost_ranks_seen_by_all(rank, world):
+    """Inside a rank of run_ranks: ringreduce.lost_ranks(), returned once every rank has read its own.
+    A rank that returns first exits, and the others' membership would rightly find it gone."""
+    import ringreduce  # (here: the rank server itself must not import it)
+
+    lost = ringreduce.lost_ranks()
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"looked/{rank}", "1")
+    store.wait([f"looked/{r}" for r in range(world)])
+    return lost
