@@ -84,15 +84,12 @@ def train_rank(args):
 
 def run_all(args):
     """Each run on the same emulated hosts, one after the other; returns their records."""
-    from ringreduce.bench.hosts import EmulatedHosts, available
+    from ringreduce.bench.hosts import EmulatedHosts, available, in_order
 
     reason = available()
     if reason:
         raise SystemExit(f"emulated hosts: {reason}")
-    placement, next_rank = [], 0
-    for _ in range(args.hosts):
-        placement.append(list(range(next_rank, next_rank + args.per_host)))
-        next_rank += args.per_host
+    placement = in_order([args.per_host] * args.hosts)
     records = []
     with EmulatedHosts(args.hosts, link=args.link) as hosts:
         for port, name in enumerate(RUNS, FIRST_PORT):

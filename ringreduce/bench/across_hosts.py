@@ -16,7 +16,7 @@ import re
 import subprocess
 import sys
 
-from ringreduce.bench.hosts import EmulatedHosts, available
+from ringreduce.bench.hosts import EmulatedHosts, available, in_order
 from ringreduce.bench.report import human_bytes
 
 ROWS = ("gloo", "ring", "hierarchical", "auto", "bf16", "fp16", "int8", "int8+fb")
@@ -79,14 +79,10 @@ def run(counts, link, sizes, trials=DEFAULT_TRIALS, row_seconds=DEFAULT_ROW_SECO
         raise SystemExit(f"--hosts times {', '.join(LINK_SHARE)}; not --collective {collective}")
     if collective != "all_reduce" and len(set(counts)) > 1:  # they need the same number of ranks on every host
         rows = [r for r in rows if r not in ("hierarchical", *COMPRESSED)]
-    placement, next_rank = [], 0
-    for count in counts:
-        placement.append(list(range(next_rank, next_rank + count)))
-        next_rank += count
     options = json.dumps({"sizes": sizes, "trials": trials, "row_seconds": row_seconds, "rows": list(rows),
                           "collective": collective})
     with EmulatedHosts(len(counts), link=link) as hosts:
-        procs = hosts.launch([sys.executable, "-m", "ringreduce.bench.hosts_rank", options], placement, port=PORT,
+        procs = hosts.launch([sys.executable, "-m", "ringreduce.bench.hosts_rank", options], in_order(counts), port=PORT,
                              stdout=subprocess.PIPE, text=True)
         records = [json.loads(line) for line in procs[0].stdout]
         failed = [rank for rank, proc in enumerate(procs) if proc.wait() != 0]

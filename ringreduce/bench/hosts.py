@@ -78,6 +78,16 @@ def sweep_stale():
             _run("ip", "link", "del", name, check=False)
 
 
+def in_order(counts):
+    """A placement for EmulatedHosts.launch: counts[h] ranks on host h, numbered host by host
+    ([2, 2]: [[0, 1], [2, 3]])."""
+    placement, next_rank = [], 0
+    for count in counts:
+        placement.append(list(range(next_rank, next_rank + count)))
+        next_rank += count
+    return placement
+
+
 class EmulatedHosts:
     """`count` hosts joined by links of `link` (a tc rate: "2gbit", "500mbit"; None: unlimited)."""
 
