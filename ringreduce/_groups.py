@@ -73,6 +73,16 @@ def probe_address(store) -> str:
         return towards.getsockname()[0]
 
 
+def gloo_group(store, rank, size, timeout_s, build_s):
+    """A gloo backend whose connecting waits at most `build_s`, and whose calls then get `timeout_s`.
+    Its pairs all connect here (two store requests per peer and rank, N² in all: gloo's own rendezvous):
+    connected lazily, a pair to a rank that died before its first use would hold an op past the loss
+    that should end it."""
+    gloo = dist.ProcessGroupGloo(store, rank, size, datetime.timedelta(seconds=build_s))
+    gloo._set_default_timeout(datetime.timedelta(seconds=timeout_s))
+    return gloo
+
+
 def host_identity() -> str:
     """Equal for two processes exactly when they can share memory through /dev/shm: one kernel (the host
     name and the boot id) and one /dev/shm filesystem (its device number, which NCCL's shared-memory
@@ -93,9 +103,8 @@ def host_identity() -> str:
 
 def host_labels(store, rank, size) -> list:
     """Each rank's host as a small integer (hosts numbered by their lowest rank), agreed through
-    `store` (collective: every rank publishes its own, then reads all)."""
-    store.set(str(rank), host_identity())
-    identities = [store.get(str(r)).decode() for r in range(size)]
+    `store` (collective, a few store requests per rank whatever the size)."""
+    identities = _C.gather_values(store, rank, size, host_identity())
     _say_where_one_machine_is_several_hosts(identities, rank)
     numbers = {}
     return [numbers.setdefault(identity, len(numbers)) for identity in identities]
@@ -210,7 +219,7 @@ class _GroupState:
                 raise ValueError("transport 'shm' needs every rank of the group on one host; use 'pg' or None")
             return _C.shm_communicator(store, self.rank, self.size, timeout_s)
         # A private gloo group: ring messages never interleave with the user's own collectives.
-        backend = dist.ProcessGroupGloo(store, self.rank, self.size, datetime.timedelta(seconds=timeout_s))
+        backend = gloo_group(store, self.rank, self.size, timeout_s, timeout_s)
         return _C.pg_communicator(backend, store, timeout_s, self.hosts())
 
     def choose(self, device_type):

@@ -25,7 +25,8 @@ import torch.distributed as dist
 from ringreduce import _C, _debug
 from ringreduce._checks import algorithm_code, compression_code
 from ringreduce._errors import RanksLostError
-from ringreduce._groups import agree_on_auto_table, host_identity, host_labels, host_summary, probe_address
+from ringreduce._groups import (agree_on_auto_table, gloo_group, host_identity, host_labels, host_summary,
+                                probe_address)
 
 NAME = "ringreduce"
 # The all-reduce algorithm of every ringreduce backend of the process (auto by default).
@@ -56,13 +57,13 @@ def _create(store, rank, size, timeout, build_timeout_s=None):
     algorithm = os.environ.get(ALGORITHM_ENV, "auto")
     code = algorithm_code(algorithm)
     compression = _compression(algorithm)
-    fallback = _gloo(dist.PrefixStore("fallback/", store), rank, size, timeout_s, build_s)
+    fallback = gloo_group(dist.PrefixStore("fallback/", store), rank, size, timeout_s, build_s)
     hosts = host_labels(dist.PrefixStore("hosts/", store), rank, size)
     if len(set(hosts)) == 1:
         cpu = _C.shm_communicator(dist.PrefixStore("shm/", store), rank, size, timeout_s)
         why = "every rank on this host: shared memory"
     else:
-        engine_gloo = _gloo(dist.PrefixStore("pg/", store), rank, size, timeout_s, build_s)
+        engine_gloo = gloo_group(dist.PrefixStore("pg/", store), rank, size, timeout_s, build_s)
         cpu = _C.pg_communicator(engine_gloo, dist.PrefixStore("pg-notices/", store), timeout_s, hosts)
         why = host_summary(cpu)
     agree_on_auto_table(cpu, dist.PrefixStore("auto-table/", store), rank)
@@ -100,13 +101,6 @@ def _compression(algorithm):
         raise ValueError(f"{COMPRESS_ENV}={compress} compresses the hierarchical all-reduce's link between hosts; "
                          f"{ALGORITHM_ENV}={algorithm} never crosses compressed. Unset one of them")
     return code
-
-
-def _gloo(store, rank, size, timeout_s, build_s):
-    """A gloo backend whose connecting waits at most `build_s`, and whose calls then get `timeout_s`."""
-    gloo = dist.ProcessGroupGloo(store, rank, size, datetime.timedelta(seconds=build_s))
-    gloo._set_default_timeout(datetime.timedelta(seconds=timeout_s))
-    return gloo
 
 
 def _shrink(backend, excluded, flags):

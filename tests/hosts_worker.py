@@ -6,6 +6,7 @@ WORLD_SIZE, MASTER_ADDR, MASTER_PORT, or torchrun's). It prints one line of JSON
     hosts_worker.py fault     a 64 MiB hierarchical all-reduce while the test cuts a link or kills a host
     hosts_worker.py every     every collective of the backend at 4 KiB and 16 MiB, against closed forms
     hosts_worker.py stall     all-reduces on the backend while the test stops a host past the loss bound
+    hosts_worker.py scale     every collective on a large group, then a rank killed: named, and the group shrunk
 """
 
 import datetime
@@ -77,10 +78,10 @@ def backend(rank, world):
     return {"ok": results, "local_rank": int(os.environ["LOCAL_RANK"])}
 
 
-def every(rank, world):
+def every(rank, world, sizes=(4 << 10, 16 << 20)):
     dist.init_process_group("ringreduce")
     failed = []
-    for nbytes in (4 << 10, 16 << 20):
+    for nbytes in sizes:
         numel = nbytes // 4
         for op in (R.SUM, R.AVG, R.MAX):
             inputs = exact_inputs(world, numel, torch.float32, op)
@@ -113,6 +114,44 @@ def every(rank, world):
             failed.append(f"reduce {nbytes} B")
         dist.barrier()
     return {"failed": failed, "host": ringreduce._groups.host_identity(), "pid": os.getpid()}
+
+
+# The rank the scale run kills once every collective has been checked: on a host with another rank,
+# in the middle of the ring.
+SCALE_VICTIM = 5
+# Sizes of the scale run's collectives: one that every algorithm sends in one piece, and one whose
+# chunks are uneven across 16 ranks.
+SCALE_SIZES = (4 << 10, 4 * 99_991)
+
+
+def scale(rank, world):
+    """Every collective checked on a large group (`every`), then SCALE_VICTIM killed: each survivor
+    says whom the group lost and how long after the kill it raised, shrinks, and all-reduces on the
+    shrunk group."""
+    checked = every(rank, world, SCALE_SIZES)
+    store = dist.distributed_c10d._get_default_store()
+    dist.barrier()
+    if rank == SCALE_VICTIM:
+        store.set("killed_at", repr(time.time()))
+        os.kill(os.getpid(), 9)
+    store.wait(["killed_at"])
+    x = torch.ones(1000)
+    try:
+        while True:
+            dist.all_reduce(x)
+            x.fill_(1.0)
+    except ringreduce.RanksLostError as error:
+        raised_after = time.time() - float(store.get("killed_at"))
+        lost = error.lost_ranks
+    shrunk = ringreduce.shrink(None, lost)
+    y = torch.full((99_991,), float(rank))
+    dist.all_reduce(y, group=shrunk)
+    survivors = [r for r in range(world) if r not in lost]
+    # No survivor exits while another may still be in that call: an exited process is a lost rank.
+    store.set(f"done/{rank}", "1")
+    store.wait([f"done/{r}" for r in survivors])
+    return {**checked, "lost": lost, "raised_after": raised_after, "after": sorted(set(y.tolist())),
+            "expected": float(sum(survivors)), "shrunk_size": dist.get_world_size(shrunk)}
 
 
 def _say(record):
@@ -166,10 +205,10 @@ def stall(rank, world):
 
 def main():
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    modes = {"check": check, "backend": backend, "fault": fault, "every": every, "stall": stall}
+    modes = {"check": check, "backend": backend, "fault": fault, "every": every, "stall": stall, "scale": scale}
     outcome = modes[sys.argv[1]](rank, world)
     _say({"rank": rank, **outcome})
-    if sys.argv[1] in ("fault", "stall"):
+    if sys.argv[1] in ("fault", "stall", "scale"):
         os._exit(0)  # the group is broken and rank 0's store may be gone: no teardown to wait for
     dist.destroy_process_group()
 

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from hosts_worker import SCALE_VICTIM
 from ringreduce.bench import hosts as emulated
 
 pytestmark = pytest.mark.skipif(emulated.available() is not None, reason=str(emulated.available()))
@@ -22,9 +23,10 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
 WORKER = [sys.executable, os.path.join(TESTS, "hosts_worker.py")]
 ENV = {"PYTHONPATH": TESTS}
-# Placements by name: ranks of each host.
-PLACEMENTS = {"2x2": [[0, 1], [2, 3]], "2+1+2": [[0, 1], [2], [3, 4]], "interleaved": [[0, 2], [1, 3]]}
-DESCRIBED = {"2x2": "2 hosts x 2 ranks", "2+1+2": "3 hosts (2+1+2 ranks)", "interleaved": "2 hosts x 2 ranks"}
+# Placements by name: ranks of each host. (Ranks placed round-robin: tests/test_hierarchy.py, with
+# hosts named by RINGREDUCE_HOST_NAME.)
+PLACEMENTS = {"2x2": [[0, 1], [2, 3]], "2+1+2": [[0, 1], [2], [3, 4]]}
+DESCRIBED = {"2x2": "2 hosts x 2 ranks", "2+1+2": "3 hosts (2+1+2 ranks)"}
 # A whole launch (start, rendezvous, the checks) on 2 cores shared by every rank.
 LAUNCH_TIMEOUT_S = 180
 # Survivors must raise within the group's timeout plus this (issue: timeout + 5 s).
@@ -222,3 +224,37 @@ def test_the_hosts_bench_rows_compressed_links_beside_exact_ones():
     table = io.StringIO()
     across_hosts.print_table([record], [2, 2], "2gbit", out=table)
     assert "bf16 error vs float64 (max, RMS relative" in table.getvalue(), table.getvalue()
+
+
+# The scale run: 8 hosts x 2 ranks. Its group's loss bound is the default (10 s); a killed rank is
+# named by the evidence that its process is gone (its pid on its host, its refused liveness port
+# elsewhere) well within it.
+SCALE_PLACEMENT = emulated.in_order([2] * 8)
+SCALE_LOSS_BOUND_S = 10
+
+
+def test_16_ranks_on_8_hosts_every_collective_then_a_kill_named_and_shrunk():
+    """What a job leaving one machine meets: every collective of the backend right on 16 ranks over 8
+    hosts (4 KiB and a ragged size, against closed forms), then a rank killed: every survivor names
+    it within the loss bound, they shrink to 15, and the shrunk group all-reduces right."""
+    world = sum(len(host) for host in SCALE_PLACEMENT)
+    with emulated.EmulatedHosts(len(SCALE_PLACEMENT)) as hosts:
+        procs = hosts.launch([*WORKER, "scale"], SCALE_PLACEMENT, env=ENV, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        results = {}
+        for rank, proc in enumerate(procs):
+            out, err = proc.communicate(timeout=2 * LAUNCH_TIMEOUT_S)
+            if rank == SCALE_VICTIM:
+                assert proc.returncode == -9, f"the victim exited {proc.returncode}:\n{err[-3000:]}"
+                continue
+            assert proc.returncode == 0, f"rank {rank}: exit {proc.returncode}:\n{err[-3000:]}"
+            (results[rank],) = _json_lines(out)
+    survivors = [r for r in range(world) if r != SCALE_VICTIM]
+    assert sorted(results) == survivors
+    assert all(r["failed"] == [] for r in results.values()), {r: o["failed"] for r, o in results.items()}
+    assert len({r["host"] for r in results.values()}) == len(SCALE_PLACEMENT)
+    assert all(r["lost"] == [SCALE_VICTIM] for r in results.values()), {r: o["lost"] for r, o in results.items()}
+    delays = {r: round(o["raised_after"], 2) for r, o in results.items()}
+    assert max(delays.values()) < SCALE_LOSS_BOUND_S, delays
+    assert all(r["shrunk_size"] == world - 1 and r["after"] == [r["expected"]] == [float(sum(survivors))]
+               for r in results.values()), results

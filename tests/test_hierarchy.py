@@ -173,7 +173,8 @@ def _chunked_every_dtype_and_op(rank, world, algorithms):
     return checks, ran, ran_gather, ringreduce._groups.host_summary(comm).split("; ")[-1]
 
 
-@pytest.mark.parametrize("layout, algorithms", [("2x2", ("hierarchical", "ring")), ("interleaved", ("hierarchical",))])
+# (The flat ring's reduce-scatter and all-gather across hosts: the uneven layout's test below.)
+@pytest.mark.parametrize("layout, algorithms", [("2x2", ("hierarchical",)), ("interleaved", ("hierarchical",))])
 def test_reduce_scatter_and_all_gather_are_exact_and_hierarchical_on_even_layouts(layout, algorithms):
     outcomes = run_ranks(len(LAYOUTS[layout]), _chunked_every_dtype_and_op, algorithms, env=_hosts(LAYOUTS[layout]))
     assert {o[0] for o in outcomes} == {outcomes[0][0]} and outcomes[0][0] > 0

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <functional>
 #include <stdexcept>
 #include <map>
@@ -11,6 +12,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/common.h"
 
@@ -26,7 +28,19 @@ class Rendezvous {
   virtual std::string set_once(const std::string& key, const std::string& value) = 0;
   // Whether the key is set, without waiting.
   virtual bool has(const std::string& key) = 0;
+  // Adds `delta` to the counter at `key` (0 while unset) and returns its new value; add(key, 0) reads it.
+  virtual std::int64_t add(const std::string& key, std::int64_t delta) = 0;
+  // Every key's value, in order, once all are set (up to the store's timeout): one request where
+  // the store can (torch's multi_get), else one get per key.
+  virtual std::vector<std::string> get_all(const std::vector<std::string>& keys);
 };
+
+// Every rank's `value`, in rank order, for the `size` ranks that call it with the same `name`, in
+// three store requests per rank whatever the size (a get per peer would make N² in all): each rank
+// publishes its own, rank 0 reads them all in one request and publishes the list as one key, which
+// the others read. With empty values it is a barrier.
+std::vector<std::string> all_gather_values(Rendezvous& keys, const std::string& name, int rank, int size,
+                                           const std::string& value);
 
 // A rendezvous in memory, for ranks that are threads of one process. Copies share the keys.
 class MemoryRendezvous final : public Rendezvous {
@@ -37,6 +51,7 @@ class MemoryRendezvous final : public Rendezvous {
   std::string get(const std::string& key) override;
   std::string set_once(const std::string& key, const std::string& value) override;
   bool has(const std::string& key) override;
+  std::int64_t add(const std::string& key, std::int64_t delta) override;
 
  private:
   struct Keys {
@@ -58,6 +73,12 @@ class PrefixRendezvous final : public Rendezvous {
     return inner_.set_once(prefix_ + key, value);
   }
   bool has(const std::string& key) override { return inner_.has(prefix_ + key); }
+  std::int64_t add(const std::string& key, std::int64_t delta) override { return inner_.add(prefix_ + key, delta); }
+  std::vector<std::string> get_all(const std::vector<std::string>& keys) override {
+    std::vector<std::string> prefixed;
+    for (const std::string& key : keys) prefixed.push_back(prefix_ + key);
+    return inner_.get_all(prefixed);
+  }
 
  private:
   Rendezvous& inner_;
@@ -88,6 +109,7 @@ class BoundedRendezvous final : public Rendezvous {
   std::string get(const std::string& key) override;
   std::string set_once(const std::string& key, const std::string& value) override;
   bool has(const std::string& key) override;
+  std::int64_t add(const std::string& key, std::int64_t delta) override;
 
  private:
   std::string bounded(const char* what, std::function<std::string(Rendezvous&)> call);

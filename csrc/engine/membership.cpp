@@ -26,7 +26,6 @@ constexpr const char* kCommit = "commit";
 constexpr const char* kAbort = "abort";
 
 std::string pulse_key(int rank) { return detail::concat("pulse/", rank); }
-std::string member_key(int rank) { return detail::concat("member/", rank); }
 std::string round_key(int round) { return detail::concat("lost/", round); }
 std::string here_key(int round, int attempt, int rank) {
   return detail::concat("shrink/", round, ".", attempt, "/here/", rank);
@@ -257,16 +256,18 @@ Membership::Membership(std::unique_ptr<Rendezvous> pulse_keys, std::unique_ptr<R
   const std::string network = own_network();
   // The setup waits for the others as long as the store lets it: on the pulse thread's handle, as
   // `keys` may bound every call (a failure path must not wait minutes for a store gone with a link).
-  pulse_keys->set(member_key(rank), detail::concat(process, ::getpid(), "\n", network, "\n", pulse.port->port(), "\n",
-                                                   probe_address));
+  // The first pulse goes first: once the records are gathered, every rank's pulse is there to read.
   pulse_keys->set(pulse_key(rank), "1");
+  const std::vector<std::string> members = all_gather_values(
+      *pulse_keys, "member", rank, size,
+      detail::concat(process, ::getpid(), "\n", network, "\n", pulse.port->port(), "\n", probe_address));
   pulse.keys = std::move(pulse_keys);
   pulse.rank = rank;
   pulse.lost_after = lost_after;
   pulse.pids.assign(size, -1);
   pulse.endpoints.assign(size, "");
   for (int peer = 0; peer < size; ++peer) {
-    const std::vector<std::string> theirs = split_lines(pulse.keys->get(member_key(peer)));
+    const std::vector<std::string> theirs = split_lines(members[peer]);
     RR_CHECK(theirs.size() == 6, "rank ", peer, "'s membership record is malformed (a different ringreduce version?)");
     if (peer == rank) continue;
     if (theirs[0] == host && theirs[1] == std::to_string(own_pid_namespace())) {
@@ -467,27 +468,34 @@ std::pair<int, int> Membership::roll_call(const std::vector<int>& excluded) {
   const int round = round_;
   const int attempt = ++attempts_[round];
   const std::vector<int> lost = lost_;
+  // Each survivor counts itself in (one request, and one per look: a key per peer to look at would
+  // make N² requests in all), and leaves its own key, which names the missing ones should the
+  // meeting time out.
   keys_->set(here_key(round, attempt, rank_), "1");
+  const std::string count_key = detail::concat("shrink/", round, ".", attempt, "/here");
+  const std::int64_t survivors = size_ - static_cast<std::int64_t>(lost.size());
   const Clock::time_point deadline = Clock::now() + timeout_;
-  for (int peer = 0; peer < size_; ++peer) {
-    while (!contains(lost, peer) && !keys_->has(here_key(round, attempt, peer))) {
-      catch_up();
-      std::vector<int> suspects;
-      {
-        const std::lock_guard<std::mutex> lock(pulse_->mutex);
-        suspects = merged(lost_, pulse_->lost());
-      }
-      if (suspects.size() > lost_.size()) propose(suspects);
-      if (round_ != round) raise_lost(lost_, "another rank was lost while the survivors met to shrink");
-      if (Clock::now() > deadline) {
-        throw TimeoutError(detail::concat(timed_out_after(timeout_), "shrink: rank ", peer, " is alive but has not "
-                                          "called shrink; every survivor must, with the same lost ranks ",
-                                          rank_list(lost)));
-      }
-      agreement.unlock();  // lost_ranks() and a failure's agreement may look meanwhile
-      std::this_thread::sleep_for(kAgreementPoll);
-      agreement.lock();
+  for (std::int64_t here = keys_->add(count_key, 1); here < survivors; here = keys_->add(count_key, 0)) {
+    catch_up();
+    std::vector<int> suspects;
+    {
+      const std::lock_guard<std::mutex> lock(pulse_->mutex);
+      suspects = merged(lost_, pulse_->lost());
     }
+    if (suspects.size() > lost_.size()) propose(suspects);
+    if (round_ != round) raise_lost(lost_, "another rank was lost while the survivors met to shrink");
+    if (Clock::now() > deadline) {
+      std::vector<int> missing;
+      for (int peer = 0; peer < size_; ++peer) {
+        if (!contains(lost, peer) && !keys_->has(here_key(round, attempt, peer))) missing.push_back(peer);
+      }
+      throw TimeoutError(detail::concat(timed_out_after(timeout_), "shrink: rank(s) ", rank_list(missing),
+                                        " are alive but have not called shrink; every survivor must, with the same "
+                                        "lost ranks ", rank_list(lost)));
+    }
+    agreement.unlock();  // lost_ranks() and a failure's agreement may look meanwhile
+    std::this_thread::sleep_for(kAgreementPoll);
+    agreement.lock();
   }
   return {round, attempt};
 }
@@ -497,16 +505,14 @@ bool Membership::decide_shrink(int round, int attempt, const std::vector<int>& e
   const std::string decision_key = attempt_keys + "decision";
   const auto decide = [&](const char* outcome) { return keys_->set_once(decision_key, outcome) == kCommit; };
   if (!built) return decide(kAbort);
-  keys_->set(detail::concat(attempt_keys, "built/", rank_), "1");
+  const std::string built_key = attempt_keys + "built";  // a count, as the roll call's
+  keys_->add(built_key, 1);
   const std::vector<int> expected = merged({}, excluded);
+  const std::int64_t survivors = size_ - static_cast<std::int64_t>(expected.size());
   const Clock::time_point deadline = Clock::now() + timeout_;
   for (;;) {
     if (keys_->has(decision_key)) return keys_->get(decision_key) == kCommit;
-    bool all_built = true;
-    for (int peer = 0; peer < size_ && all_built; ++peer) {
-      all_built = contains(expected, peer) || keys_->has(detail::concat(attempt_keys, "built/", peer));
-    }
-    if (all_built) return decide(kCommit);
+    if (keys_->add(built_key, 0) >= survivors) return decide(kCommit);
     if (poll_loss() != expected || Clock::now() > deadline) return decide(kAbort);
     std::this_thread::sleep_for(kAgreementPoll);
   }

@@ -314,6 +314,16 @@ PYBIND11_MODULE(_C, m) {
       "the group spans hosts (collective: each host's ranks meet through `store`).");
 
   m.def(
+      "gather_values",
+      [](c10d::Store& store, int rank, int size, const std::string& value) {
+        StoreRendezvous keys(store);
+        return all_gather_values(keys, "gathered", rank, size, value);
+      },
+      py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("value"), py::call_guard<py::gil_scoped_release>(),
+      "Every rank's `value` (text), in rank order, through `store` in three requests per rank (collective; "
+      "core/rendezvous.h's all_gather_values).");
+
+  m.def(
       "shm_communicator",
       [](c10d::Store& store, int rank, int world, double timeout_s) {
         StoreRendezvous rendezvous(store);

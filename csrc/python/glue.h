@@ -75,6 +75,12 @@ class StoreRendezvous final : public Rendezvous {
     return std::string(held.begin(), held.end());
   }
   bool has(const std::string& key) override { return store_->check({key}); }
+  std::int64_t add(const std::string& key, std::int64_t delta) override { return store_->add(key, delta); }
+  std::vector<std::string> get_all(const std::vector<std::string>& keys) override {
+    std::vector<std::string> values;
+    for (const std::vector<std::uint8_t>& value : store_->multiGet(keys)) values.emplace_back(value.begin(), value.end());
+    return values;
+  }
 
  private:
   c10::intrusive_ptr<c10d::Store> store_;

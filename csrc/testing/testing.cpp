@@ -3,6 +3,7 @@
 #include "core/kill_points.h"
 
 #include "testing/auto_learner_probe.h"
+#include "testing/counting_store.h"
 #include "testing/cuda_probes.h"
 #include "testing/issue_window_probe.h"
 #include "testing/schedule_probes.h"
@@ -19,6 +20,7 @@ void bind_testing(pybind11::module_& parent) {
   bind_sim_controls(testing);
   bind_auto_learner_probe(testing);
   bind_schedule_probes(testing);
+  bind_counting_store(testing);
   testing.def(
       "arm_ring_all_gather_kill",
       [](int skip) { arm_kill_point(KillPoint::RingAllGather, skip); }, pybind11::arg("skip") = 0,

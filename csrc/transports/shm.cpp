@@ -233,19 +233,16 @@ ShmTransport::ShmTransport(Rendezvous& rendezvous, int rank, int world, std::chr
 
   // Publish our segment, map every peer's, and remove the names once all are mapped: from then on
   // nothing is left in /dev/shm, however the job ends.
-  rendezvous.set("shm/" + std::to_string(rank), own_name);
+  const std::vector<std::string> names = all_gather_values(rendezvous, "shm", rank, world, own_name);
   for (int peer = 0; peer < world; ++peer) {
     if (peer == rank) continue;
-    segments_[peer] = std::make_unique<Segment>(rendezvous.get("shm/" + std::to_string(peer)), world, false);
+    segments_[peer] = std::make_unique<Segment>(names[peer], world, false);
     const Header* theirs = segments_[peer]->header();
     RR_CHECK(theirs->magic == kMagic && theirs->world == static_cast<std::uint32_t>(world) &&
                  theirs->rank == static_cast<std::uint32_t>(peer),
              "shared memory of rank ", peer, " does not belong to this group (world ", world, ")");
   }
-  rendezvous.set("shm-mapped/" + std::to_string(rank), "1");
-  for (int peer = 0; peer < world; ++peer) {
-    if (peer != rank) rendezvous.get("shm-mapped/" + std::to_string(peer));
-  }
+  all_gather_values(rendezvous, "shm-mapped", rank, world, "");
   segments_[rank]->unlink();
 }
 
