@@ -147,9 +147,13 @@ def scale(rank, world):
     y = torch.full((99_991,), float(rank))
     dist.all_reduce(y, group=shrunk)
     survivors = [r for r in range(world) if r not in lost]
-    # No survivor exits while another may still be in that call: an exited process is a lost rank.
+    # No survivor exits while another may still be in that call (an exited process is a lost rank),
+    # and rank 0, whose process serves the store, exits last.
     store.set(f"done/{rank}", "1")
     store.wait([f"done/{r}" for r in survivors])
+    store.set(f"leaving/{rank}", "1")
+    if rank == 0:
+        store.wait([f"leaving/{r}" for r in survivors])
     return {**checked, "lost": lost, "raised_after": raised_after, "after": sorted(set(y.tolist())),
             "expected": float(sum(survivors)), "shrunk_size": dist.get_world_size(shrunk)}
 

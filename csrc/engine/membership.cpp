@@ -14,9 +14,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Readings further apart than this are a gap (see Pulse::run): two periods, and the wait of a probe
-// of a host that does not answer (which the pulse thread makes between readings).
-constexpr std::chrono::milliseconds kReadGap = 2 * kPulsePeriod + kProbeWait;
+// A reading that starts this much later than it was due (a period after the last one ended) is a
+// gap (see Pulse::run): the pulse thread was not running (a process stopped, a machine paused).
+// Two periods: a thread on a loaded machine is scheduled far sooner. A slow store is no gap: the
+// time a reading spends waiting for its answers is not counted against anyone.
+constexpr std::chrono::milliseconds kLateReading = 2 * kPulsePeriod;
 // How often a caller waiting on the agreement or the roll call looks again: a few store reads, so
 // a survivor joins the others within a fraction of a pulse.
 constexpr std::chrono::milliseconds kAgreementPoll{20};
@@ -105,32 +107,53 @@ struct Membership::Pulse {
   bool stopping = false;
   std::promise<void> stopped;
   std::shared_future<void> ended = stopped.get_future().share();
-  std::vector<std::string> seen;         // each rank's pulse as last read
-  std::vector<Clock::time_point> moved;  // when it was last seen to change
+  std::vector<bool> watching;            // whether its pulse is read (see watched_now)
+  std::vector<std::string> seen;         // each watched rank's pulse as last read
+  std::vector<Clock::time_point> moved;  // when it was last seen to change (or first watched)
   std::vector<std::uint64_t> changes;    // how often it was seen to change
   std::vector<bool> gone;                // its process is known to be gone (a process never comes back)
   std::vector<Clock::time_point> probed; // when its liveness port was last probed
-  Clock::time_point last_read;           // the last time every pulse was read
+  Clock::time_point last_read;           // when the last reading that got its answers began
   std::string store_error;               // the last store call's failure, while it fails
   int rounds = 0;                        // agreement rounds some survivor has fixed, as last read
   std::vector<int> agreed;               // the newest round's set
+  int everyone_wanted = 0;               // callers that need every pulse read (Membership::Everyone)
   std::function<void()> wake;
   bool woke = false;
 
-  // Peers lost as of the last reading (under `mutex`). Silence counts only while the readings go
-  // on: a store that stops answering makes nobody lost (see store_gone).
+  int size() const { return static_cast<int>(moved.size()); }
+  // The peers whose pulses this rank reads (under `mutex`): its next kWatchers successors in rank
+  // order that are not known lost, so each rank is watched by kWatchers others and a rank's death
+  // is found though a watcher dies with it; every peer while a caller needs to hear from everyone.
+  std::vector<int> watched_now() const {
+    std::vector<int> peers;
+    for (int step = 1; step < size(); ++step) {
+      const int peer = (rank + step) % size();
+      if (everyone_wanted > 0) {
+        peers.push_back(peer);
+      } else if (!gone[peer] && !contains(agreed, peer) && static_cast<int>(peers.size()) < kWatchers) {
+        peers.push_back(peer);
+      }
+    }
+    return peers;
+  }
+  // Peers lost as of the last reading (under `mutex`): gone, or watched and silent. Silence counts
+  // only while the readings go on: a store that stops answering makes nobody lost (see store_gone).
   std::vector<int> lost() const {
     std::vector<int> ranks;
-    for (int peer = 0; peer < static_cast<int>(moved.size()); ++peer) {
-      if (peer != rank && (gone[peer] || last_read - moved[peer] > lost_after)) ranks.push_back(peer);
+    for (int peer = 0; peer < size(); ++peer) {
+      if (peer != rank && (gone[peer] || (watching[peer] && last_read - moved[peer] > lost_after))) {
+        ranks.push_back(peer);
+      }
     }
     return ranks;
   }
-  // Peers on other hosts silent long enough to ask their kernel whether they still exist (under `mutex`).
+  // Watched peers on other hosts silent long enough to ask their kernel whether they still exist
+  // (under `mutex`).
   std::vector<int> due_for_probe(Clock::time_point now) const {
     std::vector<int> ranks;
-    for (int peer = 0; peer < static_cast<int>(moved.size()); ++peer) {
-      if (!endpoints[peer].empty() && !gone[peer] && last_read - moved[peer] >= kSuspectAfter &&
+    for (int peer = 0; peer < size(); ++peer) {
+      if (watching[peer] && !endpoints[peer].empty() && !gone[peer] && last_read - moved[peer] >= kSuspectAfter &&
           now - probed[peer] >= kProbeEvery) {
         ranks.push_back(peer);
       }
@@ -169,26 +192,33 @@ struct Membership::Pulse {
     }
   }
 
+  // Each period: this rank's pulse, the watched peers' pulses (one request), and any new round:
+  // three store requests whatever the group's size.
   void run() {
     std::uint64_t count = 1;  // the constructor published the first
     std::unique_lock<std::mutex> lock(mutex);
+    Clock::time_point waited_from = Clock::now();
     while (!changed.wait_for(lock, kPulsePeriod, [&] { return stopping; })) {
-      const std::vector<int> suspected = due_for_probe(Clock::now());
+      const Clock::time_point began = Clock::now();
+      const std::vector<int> suspected = due_for_probe(began);
+      const std::vector<int> watched = watched_now();
       std::vector<int> set = agreed;  // only this thread writes `agreed` and `rounds`
       int fixed = rounds;
       lock.unlock();
       if (port) port->drain();
+      std::vector<std::string> pulse_keys;
+      for (int peer : watched) pulse_keys.push_back(pulse_key(peer));
       std::vector<std::string> read;
       std::string error;
       try {
         keys->set(pulse_key(rank), std::to_string(++count));
-        for (int peer = 0; peer < static_cast<int>(pids.size()); ++peer) read.push_back(keys->get(pulse_key(peer)));
+        read = keys->get_all(pulse_keys);
         read_rounds(fixed, set);
       } catch (const std::exception& failure) {
         error = failure.what();
       }
-      std::vector<bool> exited(pids.size(), false);
-      for (std::size_t peer = 0; peer < pids.size(); ++peer) exited[peer] = pids[peer] > 0 && process_gone(pids[peer]);
+      std::vector<bool> exited(pids.size(), false);  // watched host-mates whose pid is gone
+      for (int peer : watched) exited[peer] = pids[peer] > 0 && process_gone(pids[peer]);
       std::vector<std::string> asked;
       for (int peer : suspected) asked.push_back(endpoints[peer]);
       const std::vector<Liveness> answers = probe(asked, kProbeWait);
@@ -196,17 +226,24 @@ struct Membership::Pulse {
       const Clock::time_point now = Clock::now();
       store_error = error;
       if (error.empty()) {
-        // After a gap in the readings (a store that stalled, a thread not scheduled), every silence
-        // starts again: a peer is lost for lost_after of readings that saw it still, not of gap.
-        if (now - last_read > kReadGap) std::fill(moved.begin(), moved.end(), now);
-        last_read = now;
-        for (std::size_t peer = 0; peer < read.size(); ++peer) {
-          if (read[peer] != seen[peer]) {
-            moved[peer] = now;
+        // After a gap (this thread not running), every silence starts again: a peer is lost for
+        // lost_after of readings that saw it still, not of gap. Silence is timed from when each
+        // reading began, so a store slow to answer stretches nobody's.
+        if (began - waited_from > kPulsePeriod + kLateReading) std::fill(moved.begin(), moved.end(), began);
+        last_read = began;
+        std::vector<bool> now_watching(watching.size(), false);
+        for (std::size_t i = 0; i < watched.size(); ++i) {
+          const int peer = watched[i];
+          now_watching[peer] = true;
+          if (!watching[peer]) {
+            moved[peer] = began;  // newly watched: its silence starts now
+          } else if (read[i] != seen[peer]) {
+            moved[peer] = began;
             ++changes[peer];
           }
-          seen[peer] = read[peer];
+          seen[peer] = read[i];
         }
+        watching = now_watching;
       }
       for (std::size_t peer = 0; peer < exited.size(); ++peer) gone[peer] = gone[peer] || exited[peer];
       for (std::size_t i = 0; i < suspected.size(); ++i) {
@@ -240,9 +277,34 @@ struct Membership::Pulse {
         }
         lock.lock();
       }
+      waited_from = Clock::now();
     }
   }
 };
+
+namespace {
+
+// While one lives, the pulse thread reads every peer's pulse, not only the watched ones': an
+// agreement or a roll call must hear from every rank (a store request per period still, carrying
+// every key).
+class EveryPulseRead {
+ public:
+  explicit EveryPulseRead(Membership::Pulse& pulse) : pulse_(pulse) {
+    const std::lock_guard<std::mutex> lock(pulse_.mutex);
+    ++pulse_.everyone_wanted;
+  }
+  ~EveryPulseRead() {
+    const std::lock_guard<std::mutex> lock(pulse_.mutex);
+    --pulse_.everyone_wanted;
+  }
+  EveryPulseRead(const EveryPulseRead&) = delete;
+  EveryPulseRead& operator=(const EveryPulseRead&) = delete;
+
+ private:
+  Membership::Pulse& pulse_;
+};
+
+}  // namespace
 
 Membership::Membership(std::unique_ptr<Rendezvous> pulse_keys, std::unique_ptr<Rendezvous> keys, int rank, int size,
                        const std::string& host, const std::string& probe_address, std::chrono::milliseconds lost_after,
@@ -284,6 +346,7 @@ Membership::Membership(std::unique_ptr<Rendezvous> pulse_keys, std::unique_ptr<R
   for (int peer = 0; peer < size; ++peer) {
     if (reachable[peer] != Liveness::Exists) pulse.endpoints[peer].clear();
   }
+  pulse.watching.assign(size, false);
   pulse.seen.assign(size, "");
   pulse.moved.assign(size, Clock::now());
   pulse.changes.assign(size, 0);
@@ -356,6 +419,7 @@ std::vector<int> Membership::agree_on_loss(Clock::time_point failed_at) {
 
 std::vector<int> Membership::agree(Clock::time_point failed_at) {
   const std::lock_guard<std::mutex> agreement(mutex_);
+  const EveryPulseRead everyone(*pulse_);
   // A dead peer's last pulse may be read after the failure; two changes read since mean a live one.
   std::vector<std::uint64_t> changes_then;
   {
@@ -416,6 +480,7 @@ std::pair<int, int> Membership::roll_call(const std::vector<int>& excluded) {
     }
   }
   std::unique_lock<std::mutex> agreement(mutex_);
+  const EveryPulseRead everyone(*pulse_);
   // The excluded ranks must be lost: wait until each is, or has pulsed twice since we began (alive;
   // one change may be a dead rank's last pulse, read late).
   std::vector<std::uint64_t> changes_then;

@@ -1,7 +1,7 @@
 // Who in a group is still there, and the survivors' one answer to "who is lost?".
 //
 // Every rank pulses: a thread sets the rank's counter in the group's store every kPulsePeriod and
-// reads everybody's. A peer is lost on evidence that its process is gone (its pid, on this host;
+// reads those of the kWatchers ranks after it (every rank's while an agreement needs them all). A peer is lost on evidence that its process is gone (its pid, on this host;
 // its liveness port refused, on another: engine/liveness.h), or after `lost_after` of silence,
 // whatever its process does: a rank stopped for less is forgiven, one stopped for longer is fenced
 // and told so when it resumes. The thread that finds a loss records it before it cancels anything.
@@ -27,10 +27,15 @@
 
 namespace ringreduce {
 
-// How often a rank pulses and reads the others' pulses. A store round trip costs well under a
-// millisecond here (a few across the emulated hosts), so 8 ranks cost the store about 64 reads and
-// 32 writes a second, and a silence of lost_after spans 6 missed pulses by default.
+// How often a rank pulses and reads the pulses it watches: three store requests a period (its
+// pulse, the watched pulses in one multi_get, a look for a new round), 12 a second per rank whatever
+// the group's size; a silence of lost_after spans 40 missed pulses by default.
 constexpr std::chrono::milliseconds kPulsePeriod{250};
+// How many ranks watch each rank (its predecessors in rank order): the store's load stays O(N), and
+// a death is found though one watcher dies with it. Two is the fewest that survives that; a watched
+// rank found lost hands its watchers on to the next one, so a run of deaths is found a period or a
+// probe later per rank of the run. (ULFM's detector watches one neighbour, and spreads a failure.)
+constexpr int kWatchers = 2;
 // A peer silent this long is lost though nothing says its process is gone (RINGREDUCE_LOST_AFTER,
 // seconds): a whole host cut off, or a process stopped that long. The anchors wait 5 s (torchft's
 // lighthouse), 10 s (Open MPI ULFM's detector, whose docs warn that shorter values cause false

@@ -5,7 +5,9 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <memory>
+#include <thread>
 
 namespace ringreduce {
 namespace {
@@ -14,14 +16,16 @@ namespace py = pybind11;
 
 class CountingStore final : public c10d::Store {
  public:
-  // `requests` is shared by the store's clones: a rank's count covers every handle it opens.
-  CountingStore(c10::intrusive_ptr<c10d::Store> inner, std::shared_ptr<std::atomic<std::int64_t>> requests)
-      : Store(inner->getTimeout()), inner_(std::move(inner)), requests_(std::move(requests)) {}
+  // `requests` is shared by the store's clones: a rank's count covers every handle it opens. Each
+  // request waits `delay` before it is forwarded: a slow store.
+  CountingStore(c10::intrusive_ptr<c10d::Store> inner, std::shared_ptr<std::atomic<std::int64_t>> requests,
+                std::chrono::milliseconds delay)
+      : Store(inner->getTimeout()), inner_(std::move(inner)), requests_(std::move(requests)), delay_(delay) {}
 
   std::int64_t requests() const { return requests_->load(); }
 
   c10::intrusive_ptr<c10d::Store> clone() override {
-    return c10::make_intrusive<CountingStore>(inner_->clone(), requests_);
+    return c10::make_intrusive<CountingStore>(inner_->clone(), requests_, delay_);
   }
   void set(const std::string& key, const std::vector<uint8_t>& value) override {
     counted();
@@ -79,22 +83,28 @@ class CountingStore final : public c10d::Store {
   bool hasExtendedApi() const override { return inner_->hasExtendedApi(); }
 
  private:
-  void counted() { requests_->fetch_add(1); }
+  void counted() {
+    requests_->fetch_add(1);
+    if (delay_.count() > 0) std::this_thread::sleep_for(delay_);
+  }
 
   c10::intrusive_ptr<c10d::Store> inner_;
   std::shared_ptr<std::atomic<std::int64_t>> requests_;
+  std::chrono::milliseconds delay_;
 };
 
 }  // namespace
 
 void bind_counting_store(py::module_& module) {
   py::class_<CountingStore, c10d::Store, c10::intrusive_ptr<CountingStore>>(
-      module, "CountingStore", "A store that forwards every call to `inner` and counts them (its clones too).")
-      .def(py::init([](c10d::Store& inner) {
+      module, "CountingStore",
+      "A store that forwards every call to `inner` and counts them (its clones too), each `delay_s` late.")
+      .def(py::init([](c10d::Store& inner, double delay_s) {
              return c10::make_intrusive<CountingStore>(c10::intrusive_ptr<c10d::Store>::reclaim_copy(&inner),
-                                                       std::make_shared<std::atomic<std::int64_t>>(0));
+                                                       std::make_shared<std::atomic<std::int64_t>>(0),
+                                                       std::chrono::milliseconds(static_cast<std::int64_t>(delay_s * 1000)));
            }),
-           py::arg("inner"))
+           py::arg("inner"), py::arg("delay_s") = 0.0)
       .def_property_readonly("requests", &CountingStore::requests, "Requests forwarded so far, by it and its clones.");
 }
 

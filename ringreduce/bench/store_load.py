@@ -1,18 +1,25 @@
 """What a group asks of its store: requests to build it, and requests a second while it sits idle.
 
     python -m ringreduce.bench.store_load --ranks 4 8 16 --idle 5
+    python -m ringreduce.bench.store_load --model --ranks 16 64 256 1024 --plot store-load.png
 
 For each size, that many ranks on this host join a TCPStore served by this process, each through a
 counting wrapper (_C._testing.CountingStore: every request the rank makes, on every handle it
 opens), and build the backend's group (`init_process_group`, with `--backend`). Each rank reports its
 requests up to the group's creation (the set-up) and during an idle window of `--idle` seconds. Beside
 the ranks' own count, the kernel's: TCP segments that arrived at the store's port over the window
-(`ss`'s segs_in on the server's sockets), what a user sees from outside."""
+(`ss`'s segs_in on the server's sockets), what a user sees from outside.
+
+--model: the membership alone, its ranks threads of this process over one in-process store, each
+counted: requests per rank per second while idle, and the time from one rank's pulse stopping (its
+membership dropped) to every survivor naming it. Threads of one process share a pid, so the death
+is found by silence (the bound, `--lost-after`), as a rank cut off or stopped is."""
 
 import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -87,11 +94,93 @@ def measure(world, backend="ringreduce", idle_s=5.0):
             "idle_requests_per_s": sum(idle), "idle_segments_per_s": segments}
 
 
+# The model's settling time before counting (every thread rank has pulsed a few times), and how
+# long it waits for the survivors to name the dropped rank beyond the bound.
+MODEL_SETTLE_S = 1.0
+MODEL_NAME_WAIT_S = 30.0
+
+
+def model(world, idle_s=3.0, lost_after_s=2.0):
+    """The membership of `world` thread ranks over one in-process store: idle requests per rank per
+    second (mean and max), then rank world // 2's pulse stopped, and the seconds until each survivor
+    names it (the slowest and the median)."""
+    import threading
+
+    import torch.distributed as dist
+
+    from ringreduce import _C
+
+    store = dist.HashStore()
+    counters = [_C._testing.CountingStore(store) for _ in range(world)]
+    members = [None] * world
+
+    def join(rank):
+        members[rank] = _C.Membership(counters[rank].clone(), counters[rank], rank, world, "model", "", 600.0)
+
+    bound = os.environ.get("RINGREDUCE_LOST_AFTER")
+    os.environ["RINGREDUCE_LOST_AFTER"] = str(lost_after_s)  # read as each membership is made
+    try:
+        threads = [threading.Thread(target=join, args=(rank,)) for rank in range(world)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        if bound is None:
+            del os.environ["RINGREDUCE_LOST_AFTER"]
+        else:
+            os.environ["RINGREDUCE_LOST_AFTER"] = bound
+    time.sleep(MODEL_SETTLE_S)
+    before, began = [c.requests for c in counters], time.monotonic()
+    time.sleep(idle_s)
+    rates = [(c.requests - b) / (time.monotonic() - began) for c, b in zip(counters, before)]
+    victim = world // 2
+    members[victim] = None  # its pulse thread stops
+    stopped, named = time.monotonic(), {}
+    while len(named) < world - 1 and time.monotonic() - stopped < lost_after_s + MODEL_NAME_WAIT_S:
+        for rank, member in enumerate(members):
+            if member is not None and rank not in named and member.poll_loss():
+                named[rank] = (member.poll_loss(), time.monotonic() - stopped)
+        time.sleep(0.01)
+    wrong = {rank: lost for rank, (lost, _) in named.items() if lost != [victim]}
+    after = sorted(seconds for _, seconds in named.values())
+    members.clear()
+    return {"world": world, "requests_per_rank_s": statistics.mean(rates), "requests_per_rank_s_max": max(rates),
+            "lost_after_s": lost_after_s, "named": len(named), "wrong": wrong,
+            "named_after_s_max": after[-1] if after else None,
+            "named_after_s_median": statistics.median(after) if after else None}
+
+
+def plot_model(records, path):
+    """Store requests per rank per second against the group's size: the model's, and the former
+    membership's (each rank read every pulse: 4(N + 2))."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = [r["world"] for r in records]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(sizes, [r["requests_per_rank_s"] for r in records], "o-", label="watchers (kWatchers = 2), measured")
+    ax.plot(sizes, [4 * (n + 2) for n in sizes], "s--", label="every rank reads every pulse: 4(N + 2)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("ranks (N)")
+    ax.set_ylabel("store requests per rank per second, idle")
+    ax.set_title("membership's load on the store (thread ranks, in-process store)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[4, 8, 16])
     parser.add_argument("--backend", default="ringreduce")
     parser.add_argument("--idle", type=float, default=5.0, help="seconds of idle window")
+    parser.add_argument("--model", action="store_true", help="the membership alone, ranks as threads")
+    parser.add_argument("--lost-after", type=float, default=2.0, help="with --model: the loss bound, seconds")
+    parser.add_argument("--plot", help="with --model: a plot of requests per rank against N, to this path")
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--rank-of", type=int, dest="world", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -100,6 +189,19 @@ def main(argv=None):
         import ringreduce  # noqa: F401 - registers the backend
 
         _rank(args)
+        return
+    if args.model:
+        print(f"{'ranks':>5} {'req/s per rank':>15} {'max':>6} {'named by':>9} {'after (max)':>12} {'median':>7}")
+        records = []
+        for world in args.ranks:
+            r = model(world, args.idle, args.lost_after)
+            records.append(r)
+            print(f"{world:>5} {r['requests_per_rank_s']:>15.2f} {r['requests_per_rank_s_max']:>6.2f} "
+                  f"{r['named']:>5}/{world - 1:<3} {r['named_after_s_max'] or float('nan'):>12.2f} "
+                  f"{r['named_after_s_median'] or float('nan'):>7.2f}{'  WRONG: ' + str(r['wrong']) if r['wrong'] else ''}")
+            sys.stdout.flush()
+        if args.plot:
+            plot_model(records, args.plot)
         return
     print(f"{'ranks':>5} {'backend':>10} {'set-up requests':>16} {'per rank':>9} {'idle req/s':>11} "
           f"{'per rank':>9} {'idle segs/s':>12}")
