@@ -393,13 +393,17 @@ PYBIND11_MODULE(_C, m) {
       m, "Membership", "Who in a group is still there: pulses through the group's store (engine/membership.h).")
       .def(py::init([](c10d::Store& pulse_store, c10d::Store& store, int rank, int size, const std::string& host,
                        const std::string& probe_address, double timeout_s) {
+             // Without the GIL while the others are waited for, and with it again before pybind11
+             // registers the new object (a call_guard would register it without: threads that made
+             // memberships at once corrupted pybind11's registry, and one's deallocation aborted).
+             const py::gil_scoped_release without_gil;
              return std::make_shared<Membership>(
                  std::make_unique<StoreRendezvous>(pulse_store),
                  std::make_unique<BoundedRendezvous>(std::make_shared<StoreRendezvous>(store), kStoreReplyLimit), rank,
                  size, host, probe_address, lost_after_from_env(), to_millis(timeout_s));
            }),
            py::arg("pulse_store"), py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("host"),
-           py::arg("probe_address"), py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>(),
+           py::arg("probe_address"), py::arg("timeout_s"),
            "Collective over the group. `pulse_store`: a second connection to `store` (store.clone()) for the pulse "
            "thread; `host`: the process's host identity; `probe_address`: the address other hosts reach this one "
            "by, on which they probe its liveness port (\"\": none). RINGREDUCE_LOST_AFTER sets the loss bound.")
