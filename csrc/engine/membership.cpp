@@ -113,6 +113,7 @@ struct Membership::Pulse {
   std::vector<std::uint64_t> changes;    // how often it was seen to change
   std::vector<bool> gone;                // its process is known to be gone (a process never comes back)
   std::vector<Clock::time_point> probed; // when its liveness port was last probed
+  std::vector<bool> unproven;            // watched in place of a rank found lost, not yet probed
   Clock::time_point last_read;           // when the last reading that got its answers began
   std::string store_error;               // the last store call's failure, while it fails
   int rounds = 0;                        // agreement rounds some survivor has fixed, as last read
@@ -148,13 +149,13 @@ struct Membership::Pulse {
     }
     return ranks;
   }
-  // Watched peers on other hosts silent long enough to ask their kernel whether they still exist
-  // (under `mutex`).
+  // Watched peers on other hosts silent long enough to ask their kernel whether they still exist,
+  // or watched in place of a rank found lost (under `mutex`).
   std::vector<int> due_for_probe(Clock::time_point now) const {
     std::vector<int> ranks;
     for (int peer = 0; peer < size(); ++peer) {
-      if (watching[peer] && !endpoints[peer].empty() && !gone[peer] && last_read - moved[peer] >= kSuspectAfter &&
-          now - probed[peer] >= kProbeEvery) {
+      if (watching[peer] && !endpoints[peer].empty() && !gone[peer] &&
+          (unproven[peer] || (last_read - moved[peer] >= kSuspectAfter && now - probed[peer] >= kProbeEvery))) {
         ranks.push_back(peer);
       }
     }
@@ -198,10 +199,12 @@ struct Membership::Pulse {
     std::uint64_t count = 1;  // the constructor published the first
     std::unique_lock<std::mutex> lock(mutex);
     Clock::time_point waited_from = Clock::now();
+    bool first = true;  // the first reading: every watched peer is new
     while (!changed.wait_for(lock, kPulsePeriod, [&] { return stopping; })) {
       const Clock::time_point began = Clock::now();
       const std::vector<int> suspected = due_for_probe(began);
       const std::vector<int> watched = watched_now();
+      const bool everyone = everyone_wanted > 0;
       std::vector<int> set = agreed;  // only this thread writes `agreed` and `rounds`
       int fixed = rounds;
       lock.unlock();
@@ -237,6 +240,9 @@ struct Membership::Pulse {
           now_watching[peer] = true;
           if (!watching[peer]) {
             moved[peer] = began;  // newly watched: its silence starts now
+            // In place of a rank found lost: its kernel is asked at once, as a host's ranks die
+            // together and its next ranks would each wait out kSuspectAfter in turn.
+            unproven[peer] = !first && !everyone;
           } else if (read[i] != seen[peer]) {
             moved[peer] = began;
             ++changes[peer];
@@ -244,10 +250,12 @@ struct Membership::Pulse {
           seen[peer] = read[i];
         }
         watching = now_watching;
+        first = false;
       }
       for (std::size_t peer = 0; peer < exited.size(); ++peer) gone[peer] = gone[peer] || exited[peer];
       for (std::size_t i = 0; i < suspected.size(); ++i) {
         probed[suspected[i]] = now;
+        unproven[suspected[i]] = false;
         gone[suspected[i]] = gone[suspected[i]] || answers[i] == Liveness::Gone;
       }
       const std::vector<int> suspects = lost();
@@ -352,6 +360,7 @@ Membership::Membership(std::unique_ptr<Rendezvous> pulse_keys, std::unique_ptr<R
   pulse.changes.assign(size, 0);
   pulse.gone.assign(size, false);
   pulse.probed.assign(size, Clock::now());
+  pulse.unproven.assign(size, false);
   pulse.last_read = Clock::now();
   {
     LivePulses& live = live_pulses();
