@@ -118,7 +118,7 @@ struct Membership::Pulse {
   std::string store_error;               // the last store call's failure, while it fails
   int rounds = 0;                        // agreement rounds some survivor has fixed, as last read
   std::vector<int> agreed;               // the newest round's set
-  int everyone_wanted = 0;               // callers that need every pulse read (Membership::Everyone)
+  int everyone_wanted = 0;               // callers that need every pulse read (EveryPulseRead)
   std::function<void()> wake;
   bool woke = false;
 
