@@ -64,6 +64,22 @@ def test_disagreeing_ranks_all_raise_the_same_error_within_seconds(transport, ca
     assert all(elapsed < DETECTION_BUDGET_S for _, elapsed in results), results
 
 
+def _two_odd_ranks(rank, world):
+    try:
+        ringreduce.all_reduce(torch.ones(999 if rank >= 3 else 1000), transport="pg")
+    except ringreduce.MismatchError as error:
+        return str(error)
+    return None
+
+
+def test_the_pg_call_check_names_the_same_two_ranks_on_every_rank():
+    """5 ranks, so rank 4 hands its call to rank 0 before the doubling rounds; ranks 3 and 4 differ
+    from the rest. Every rank, including those that never met either, names rank 0 and rank 3."""
+    messages = run_ranks(5, _two_odd_ranks, env={"RINGREDUCE_TIMEOUT": GENEROUS_TIMEOUT_S})
+    assert len(set(messages)) == 1, messages
+    assert "rank 0 has 1000 x float32" in messages[0] and "rank 3 has 999 x float32" in messages[0], messages[0]
+
+
 def _lanes_disagree(rank, world):
     os.environ["RINGREDUCE_LANES"] = "2" if rank == 1 else "1"
     with pytest.raises(ringreduce.MismatchError) as info:

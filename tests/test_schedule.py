@@ -114,3 +114,52 @@ def test_central_schedule_covers_the_buffer_once(numel, segment_bytes):
         assert 0 < count and count * 4 <= max(segment_bytes, 4)
         covered[offset : offset + count] += 1
     assert (covered == 1).all()
+
+
+def simulate_doubling(world):
+    """Run every rank's doubling schedule as message passing, each send queued until its receive.
+
+    Each rank starts holding {rank}; a combination is the union. Returns what each rank ends with,
+    and how many messages each rank sent. Fails on a receive that no send can ever meet (a hang).
+    """
+    schedules = [_C._testing.doubling_schedule(world, rank) for rank in range(world)]
+    holds = [frozenset([rank]) for rank in range(world)]
+    queues = {}  # (src, dst) -> values in flight, in order
+    position = [0] * world
+    posted = [False] * world  # the current Exchange's send is queued
+    sent = [0] * world
+    progress = True
+    while progress:
+        progress = False
+        for rank in range(world):
+            if position[rank] == len(schedules[rank]):
+                continue
+            peer, role = schedules[rank][position[rank]]
+            if role in ("hand_over", "hand_back") or (role == "exchange" and not posted[rank]):
+                queues.setdefault((rank, peer), []).append(holds[rank])
+                sent[rank] += 1
+                posted[rank] = role == "exchange"
+                position[rank] += role != "exchange"
+                progress = True
+                continue
+            arrived = queues.get((peer, rank), [])
+            if not arrived:
+                continue
+            value = arrived.pop(0)
+            holds[rank] = value if role == "take_back" else holds[rank] | value
+            posted[rank] = False
+            position[rank] += 1
+            progress = True
+    stuck = [rank for rank in range(world) if position[rank] != len(schedules[rank])]
+    assert not stuck, f"world {world}: ranks {stuck} wait for a message that never comes"
+    assert not any(queues.values()), f"world {world}: messages nobody received"
+    return holds, sent
+
+
+@pytest.mark.parametrize("world", list(range(1, 18)) + [31, 32, 33, 100])
+def test_recursive_doubling_brings_every_rank_every_value_in_log_messages(world):
+    holds, sent = simulate_doubling(world)
+    assert holds == [frozenset(range(world))] * world
+    rounds = world.bit_length() - 1  # log2 of the largest power of two not above world
+    assert max(sent) == rounds + (world > 2**rounds), sent
+    assert sum(sent) == 2**rounds * rounds + 2 * (world - 2**rounds), sent

@@ -12,6 +12,7 @@ import torch
 
 import ringreduce
 from multiproc import run_ranks
+from ringreduce import _C
 from ringreduce import trace as trace_tool
 
 WORLD = 4
@@ -106,6 +107,30 @@ def test_merge_and_plot_a_real_four_process_run(tmp_path):
         ring_steps = [e for e in receives(merged["traceEvents"]) if e["pid"] == rank and e["args"]["sequence"] == 0]
         assert len(ring_steps) == 2 * (WORLD - 1) * SEGMENTS_PER_CHUNK
     assert png.stat().st_size > 10_000
+
+
+def _traced_pg_ring(rank, world):
+    t = torch.full((1024,), float(rank))
+    ringreduce.all_reduce(t, transport="pg", algorithm="ring")
+    ringreduce.destroy()  # writes the file
+    return t.tolist()
+
+
+def test_a_pg_call_is_checked_in_log_n_messages_per_rank_not_n_minus_1(tmp_path):
+    """The pg transport's messages carry no header: each call is checked by recursive doubling first.
+    At 6 ranks (4 in the rounds, 2 handed over) that is 3, 3, 2, 2, 1, 1 messages, against 5 each for
+    a header sent to every peer; the ring's own 2(N-1) messages follow."""
+    world = 6
+    assert run_ranks(world, _traced_pg_ring, env={"RINGREDUCE_TRACE": str(tmp_path)}) == [[15.0] * 1024] * world
+    checking = [sum(role in ("hand_over", "exchange", "hand_back") for _, role in _C._testing.doubling_schedule(world, r))
+                for r in range(world)]
+    assert checking == [3, 3, 2, 2, 1, 1]
+    for rank in range(world):
+        (path,) = tmp_path.glob(f"ringreduce-pg-rank{rank}of{world}-*.json")
+        transfers = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("cat") == "transfer"]
+        assert all(e["args"]["sequence"] == 0 for e in transfers)
+        sent = sum(e["name"] in ("send", "forward", "forward_reduce") for e in transfers)  # a forward sends on
+        assert sent == 2 * (world - 1) + checking[rank], (rank, [e["name"] for e in transfers])
 
 
 def test_each_collective_is_a_range_in_torch_profiler():

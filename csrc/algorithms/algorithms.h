@@ -66,6 +66,14 @@ void central_reduce(Transport& transport, const Reducer& reducer, void* data, st
 // price of (N-1) times the buffer on every rank's links. Every rank ends with the same bits.
 void one_shot_all_reduce(Transport& transport, const Reducer& reducer, void* data, void* scratch, std::size_t numel);
 
+// Finds out whether every rank of the group makes the same call (`header`), for a transport whose
+// messages carry no header: one small message per doubling_schedule() step, ceil(log2 N) + 1 at
+// most per rank, all of one fixed size, before any data moves. Each message says what the ranks
+// it stands for called: the lowest one's header, and the lowest rank whose header differs from
+// it. So every rank ends knowing the same, and where they differ every rank raises the same
+// MismatchError, naming those two ranks.
+void agree_on_call(Transport& transport, const CollectiveHeader& header);
+
 // An all-reduce of nothing still meets the neighbours: one empty message around the ring carries
 // the headers, so a rank that passed an empty tensor while others did not is caught, not left waiting.
 void agree_on_nothing(Transport& transport);

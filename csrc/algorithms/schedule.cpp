@@ -126,4 +126,20 @@ std::vector<Span> central_schedule(std::size_t numel, std::size_t elem_size, std
   return spans;
 }
 
+std::vector<DoublingStep> doubling_schedule(int world, int rank) {
+  int rounds_span = 1;  // the largest power of two not above world
+  while (rounds_span * 2 <= world) rounds_span *= 2;
+  std::vector<DoublingStep> steps;
+  if (rank >= rounds_span) {
+    steps.push_back({rank - rounds_span, DoublingRole::HandOver});
+    steps.push_back({rank - rounds_span, DoublingRole::TakeBack});
+    return steps;
+  }
+  const bool stands_for_two = rank + rounds_span < world;
+  if (stands_for_two) steps.push_back({rank + rounds_span, DoublingRole::TakeOver});
+  for (int distance = 1; distance < rounds_span; distance *= 2) steps.push_back({rank ^ distance, DoublingRole::Exchange});
+  if (stands_for_two) steps.push_back({rank + rounds_span, DoublingRole::HandBack});
+  return steps;
+}
+
 }  // namespace ringreduce

@@ -85,4 +85,24 @@ std::vector<RingTransfer> ring_schedule(std::size_t numel, std::size_t elem_size
 // The central reducer moves the whole buffer, segment by segment.
 std::vector<Span> central_schedule(std::size_t numel, std::size_t elem_size, std::size_t segment_bytes);
 
+// Recursive doubling: how `world` ranks combine one value each into one value that every rank ends
+// with, in ceil(log2 world) rounds of pairwise exchanges (MPICH's all-reduce for short messages).
+// Below the largest power of two p <= world, rank r exchanges with r ^ 2^k in round k. A rank
+// r >= p first hands its value to r - p, which combines it before the rounds and hands the result
+// back after them: two more messages for those pairs, so no rank sends more than ceil(log2 world)
+// + 1 messages. Both ends of every exchange combine (lower rank's value, higher rank's value),
+// so with a deterministic combination every rank ends with the same result.
+enum class DoublingRole {
+  HandOver,   // send this rank's value to `peer` (r >= p), which stands for both in the rounds
+  TakeOver,   // receive `peer`'s value (peer = r + p) and combine it with this rank's
+  Exchange,   // send the value, receive `peer`'s, and combine the two
+  HandBack,   // send the final value to `peer` (the rank that handed its value over)
+  TakeBack,   // receive the final value from `peer`
+};
+struct DoublingStep {
+  int peer = 0;
+  DoublingRole role = DoublingRole::Exchange;
+};
+std::vector<DoublingStep> doubling_schedule(int world, int rank);
+
 }  // namespace ringreduce

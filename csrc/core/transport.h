@@ -68,14 +68,18 @@ class Transport {
   // Block (or, on a device, order the stream) until the request is complete.
   void wait(Request request);
 
-  // The collective the next transfers belong to. Transports send the header with the first
-  // message to each peer and compare what arrives (check_header) before touching any data; with
-  // `check` false they skip the comparison (and any exchange made only for it).
+  // The collective the next transfers belong to. Transports that compare_headers() send the header
+  // with the first message to each peer and compare what arrives (check_header) before touching any
+  // data; with `check` false they skip the comparison (and any exchange made only for it).
   virtual void begin_collective(const CollectiveHeader& header, bool check) {
     header_ = header;
     check_ = check;
     select_lane(0);
   }
+
+  // Whether the transport's messages carry and compare the header. One whose messages carry only
+  // data (the pg transport) leaves it to the communicator, which runs agree_on_call() over it.
+  virtual bool compares_headers() const { return true; }
 
   // Makes every rank find out, before it returns, whether the whole group agrees on the collective
   // begun. Called before the data of the collectives in which some ranks only send (broadcast,

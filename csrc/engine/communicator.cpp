@@ -205,6 +205,7 @@ void Communicator::run_resolved(const CollectiveArgs& args, const char* auto_rol
     const bool check = check_env == nullptr || std::string(check_env) != "0";
     transport_->begin_collective(header, check);
     if (neighbours != nullptr) neighbours->begin_collective(header, check);
+    if (check && size() > 1 && !transport_->compares_headers()) agree_on_call(*transport_, header);
     // In a broadcast or reduce some ranks only send; they must not return before a disagreement
     // found by the rank they send to has reached them.
     const bool some_only_send = args.collective == Collective::Broadcast || args.collective == Collective::Reduce;

@@ -26,6 +26,7 @@ class TracedTransport final : public Transport {
   void select_lane(std::size_t lane) override;
   void begin_collective(const CollectiveHeader& header, bool check) override;
   void end_collective() override { inner_->end_collective(); }
+  bool compares_headers() const override { return inner_->compares_headers(); }
   void agree_with_every_peer() override { inner_->agree_with_every_peer(); }
   void raise_if_failed() override { inner_->raise_if_failed(); }
   void flush() override;

@@ -54,6 +54,16 @@ py::list central_schedule_py(std::size_t numel, std::size_t elem_size, std::size
   return out;
 }
 
+py::list doubling_schedule_py(int world, int rank) {
+  if (world < 1 || rank < 0 || rank >= world) throw py::value_error("need 0 <= rank < world");
+  static const char* const kRoles[] = {"hand_over", "take_over", "exchange", "hand_back", "take_back"};
+  py::list out;
+  for (const DoublingStep& step : doubling_schedule(world, rank)) {
+    out.append(py::make_tuple(step.peer, kRoles[static_cast<int>(step.role)]));
+  }
+  return out;
+}
+
 }  // namespace
 
 void bind_schedule_probes(py::module_& m) {
@@ -62,6 +72,8 @@ void bind_schedule_probes(py::module_& m) {
   m.def("exchange_groups", &exchange_groups_py, py::arg("numel"), py::arg("world"), py::arg("rank"),
         py::arg("segment_bytes"), py::arg("lanes"), py::arg("algorithm"),
         "The groups of (is_send, peer, bytes) a transport that groups like nccl hands over, for one float32 call.");
+  m.def("doubling_schedule", &doubling_schedule_py, py::arg("world"), py::arg("rank"),
+        "One rank's recursive-doubling steps as (peer, role).");
   m.def("central_schedule", &central_schedule_py, py::arg("numel"), py::arg("elem_size"), py::arg("segment_bytes"));
   m.def("trace_microseconds", &trace_microseconds, py::arg("ns"),
         "How a trace file writes `ns` nanoseconds (Chrome's microseconds).");

@@ -6,7 +6,7 @@
 
 namespace ringreduce {
 
-// Adds ring_schedule, central_schedule, exchange_groups and trace_microseconds to `module`.
+// Adds ring_schedule, doubling_schedule, central_schedule, exchange_groups and trace_microseconds to `module`.
 void bind_schedule_probes(pybind11::module_& module);
 
 }  // namespace ringreduce

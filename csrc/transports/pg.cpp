@@ -1,7 +1,5 @@
 #include "transports/pg.h"
 
-#include <cstring>
-
 namespace ringreduce {
 namespace {
 
@@ -21,25 +19,6 @@ ProcessGroupTransport::ProcessGroupTransport(c10::intrusive_ptr<c10d::Backend> b
       timeout_(timeout),
       sends_posted_(kProcessGroupMaxLanes * world_, 0),
       recvs_posted_(kProcessGroupMaxLanes * world_, 0) {}
-
-void ProcessGroupTransport::begin_collective(const CollectiveHeader& header, bool check) {
-  MessageTransport::begin_collective(header, check);
-  if (world_ == 1 || !check) return;
-  at::Tensor outgoing = at::empty({static_cast<int64_t>(sizeof header)}, at::TensorOptions().dtype(at::kByte));
-  std::memcpy(outgoing.data_ptr(), &header, sizeof header);
-  std::vector<CollectiveHeader> theirs(world_);
-  std::vector<Request> sent, received;
-  for (int peer = 0; peer < world_; ++peer) {
-    if (peer == rank_) continue;
-    sent.push_back(post(peer, outgoing.data_ptr(), sizeof header, true));
-    received.push_back(post(peer, &theirs[peer], sizeof header, false));
-  }
-  for (Request request : received) wait_transfer(request);
-  for (Request request : sent) wait_transfer(request);
-  for (int peer = 0; peer < world_; ++peer) {
-    if (peer != rank_) check_header(peer, theirs[peer]);
-  }
-}
 
 Request ProcessGroupTransport::post(int peer, void* data, std::size_t bytes, bool is_send) {
   RR_CHECK(backend_, "the pg transport was aborted");

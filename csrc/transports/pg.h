@@ -25,12 +25,12 @@ constexpr std::size_t kProcessGroupSegmentBytes = 4 << 20;
 // the default; RINGREDUCE_LANES asks for more.
 constexpr std::size_t kProcessGroupMaxLanes = 4;
 
-// Each collective starts with a header round: every rank sends its header to every other rank and
-// compares all it receives, so a disagreement is seen by every rank before any data moves,
-// whatever the algorithm (a rank differs from at least one of any two ranks that differ). No data
-// receive is posted before the sizes are known to match everywhere: gloo aborts the whole process
-// when a message is longer than the buffer posted for it. Aborts are published in the group's store
-// and the backend is dropped, which closes its connections and wakes every peer.
+// Its messages carry data only: the communicator checks each call with agree_on_call() first
+// (ceil(log2 N) small messages per rank), so a disagreement is seen by every rank before any data
+// moves, whatever the algorithm. No data receive is posted before the sizes are known to match
+// everywhere: gloo aborts the whole process when a message is longer than the buffer posted for
+// it. Aborts are published in the group's store and the backend is dropped, which closes its
+// connections and wakes every peer.
 class ProcessGroupTransport final : public MessageTransport {
  public:
   ProcessGroupTransport(c10::intrusive_ptr<c10d::Backend> backend, std::unique_ptr<Rendezvous> notices,
@@ -42,8 +42,8 @@ class ProcessGroupTransport final : public MessageTransport {
   std::size_t default_segment_bytes() const override { return kProcessGroupSegmentBytes; }
   std::size_t max_lanes() const override { return kProcessGroupMaxLanes; }
 
-  void begin_collective(const CollectiveHeader& header, bool check) override;
-  // begin_collective() has compared every peer's header already.
+  bool compares_headers() const override { return false; }
+  // agree_on_call() has compared every rank's call already.
   void agree_with_every_peer() override {}
   Request isend(int peer, const void* data, std::size_t bytes) override;
   Request irecv(int peer, void* data, std::size_t bytes) override;

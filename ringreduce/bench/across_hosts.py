@@ -77,7 +77,8 @@ def run(counts, link, sizes, trials=DEFAULT_TRIALS, row_seconds=DEFAULT_ROW_SECO
         raise SystemExit(f"--hosts: {reason}")
     if collective not in LINK_SHARE:
         raise SystemExit(f"--hosts times {', '.join(LINK_SHARE)}; not --collective {collective}")
-    if collective != "all_reduce" and len(set(counts)) > 1:  # they need the same number of ranks on every host
+    # They need the same number of ranks on every host, and hierarchy needs several ranks on some host.
+    if max(counts) == 1 or (collective != "all_reduce" and len(set(counts)) > 1):
         rows = [r for r in rows if r not in ("hierarchical", *COMPRESSED)]
     options = json.dumps({"sizes": sizes, "trials": trials, "row_seconds": row_seconds, "rows": list(rows),
                           "collective": collective})
