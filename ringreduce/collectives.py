@@ -42,8 +42,9 @@ def all_reduce(
         algorithm: ``"auto"`` (the default: learned online per size class; see ringreduce.tuning),
             ``"ring"`` (reduce-scatter then all-gather), ``"central"`` (reduce at a root, then
             broadcast), ``"one_shot"`` (every rank reduces every rank's buffer; CPU tensors,
-            small messages) or ``"hierarchical"`` (shared memory inside each host, a ring of one rank
-            per host across; groups that span hosts). Give a fixed one for sums whose rounding is the
+            small messages), ``"hierarchical"`` (shared memory inside each host, a ring of one rank
+            per host across; groups that span hosts) or ``"doubling"`` (recursive doubling: log2 N
+            steps, each with the whole buffer; CPU tensors, small messages across hosts). Give a fixed one for sums whose rounding is the
             same from run to run.
         transport: None chooses automatically; see ``build_info()["transports"]``.
         segment_bytes: pipeline segment size; default ``RINGREDUCE_SEGMENT_BYTES`` or the engine's.

@@ -25,6 +25,7 @@ PHASES = {
     "ring": ("reduce-scatter", "all-gather"),
     "central": ("reduce", "broadcast"),
     "one_shot": ("reduce", "copy"),
+    "doubling": ("reduce", "copy"),
 }
 # Lanes of one communicator share a thread id block of this size in the merged trace.
 LANES_PER_COMMUNICATOR = 100

@@ -89,6 +89,10 @@ def every(rank, world, sizes=(4 << 10, 16 << 20)):
             dist.all_reduce(mine, op)
             if not torch.equal(mine, reference(inputs, op)):
                 failed.append(f"all_reduce {op} {nbytes} B")
+            doubled = inputs[rank].clone()
+            ringreduce.all_reduce(doubled, op, algorithm="doubling")  # log-step
+            if not torch.equal(doubled, reference(inputs, op)):
+                failed.append(f"all_reduce doubling {op} {nbytes} B")
         chunk = numel // world
         inputs = exact_inputs(world, chunk * world, torch.float32, R.SUM)
         out = torch.empty(chunk)

@@ -19,6 +19,7 @@ COLLECTIVES = {
     "all_reduce ring": _all_reduce("ring"),
     "all_reduce central": _all_reduce("central"),
     "all_reduce one_shot": _all_reduce("one_shot"),
+    "all_reduce doubling": _all_reduce("doubling"),
     "all_reduce auto": _all_reduce("auto"),
     "reduce_scatter": lambda numel, world, **where: ringreduce.reduce_scatter_tensor(
         torch.empty(numel), torch.ones(numel * world), **where),

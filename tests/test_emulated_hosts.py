@@ -213,7 +213,7 @@ def test_the_hosts_bench_rows_compressed_links_beside_exact_ones():
     from ringreduce.bench import across_hosts
 
     (record,) = across_hosts.run([2, 2], "2gbit", [1 << 20], trials=1, row_seconds=0.05)
-    assert {"gloo", "ring", "hierarchical", "bf16", "fp16"} <= set(record["rows"])
+    assert {"gloo", "ring", "hierarchical", "doubling", "bf16", "fp16"} <= set(record["rows"])
     assert record["compressed_bounds_s"]["bf16"] == record["hierarchical_bound_s"] / 2
     for name, unit in (("bf16", 2.0 ** -8), ("fp16", 2.0 ** -11)):
         row = record["rows"][name]

@@ -32,7 +32,7 @@ def _hosts(layout, **extra):
 
 def _every_dtype_and_op(rank, world):
     checks = 0
-    for algorithm in ("hierarchical", "auto"):  # (flat ones on pg: tests/test_processes.py)
+    for algorithm in ("hierarchical", "doubling", "auto"):  # (flat ones on pg: tests/test_processes.py)
         for numel in sorted({0, 1, world - 1, world + 1, 99_991}):
             for dtype in ALL_DTYPES:
                 for op in ops_for(dtype):
@@ -63,7 +63,7 @@ def _random_floats(rank, world):
         everyone = [torch.empty_like(data) for _ in range(world)]
         dist.all_gather(everyone, data)
         exact = torch.stack([t.double() for t in everyone]).sum(0)
-        for algorithm in ("hierarchical", "ring", "central"):
+        for algorithm in ("hierarchical", "doubling", "ring", "central"):
             mine = data.clone()
             ringreduce.all_reduce(mine, algorithm=algorithm, segment_bytes=segment_bytes)
             torch.testing.assert_close(mine.double(), exact, rtol=1e-5, atol=1e-5)
@@ -91,6 +91,9 @@ def _one_rank_per_host(rank, world):
         ringreduce.all_reduce(comm_tensor, algorithm="hierarchical")
     assert torch.equal(comm_tensor, before), "a refused call must leave the tensor alone"
     ringreduce.all_reduce(comm_tensor)  # auto: the flat algorithms only
+    doubled = torch.arange(10.0) * (rank + 1)
+    ringreduce.all_reduce(doubled, algorithm="doubling")  # flat: one rank per host, none to go through
+    assert torch.equal(doubled, torch.arange(10.0) * 6)
     return comm_tensor.tolist()
 
 

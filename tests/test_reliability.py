@@ -64,20 +64,29 @@ def test_disagreeing_ranks_all_raise_the_same_error_within_seconds(transport, ca
     assert all(elapsed < DETECTION_BUDGET_S for _, elapsed in results), results
 
 
-def _two_odd_ranks(rank, world):
+def _two_odd_ranks(rank, world, numel, algorithms):
     try:
-        ringreduce.all_reduce(torch.ones(999 if rank >= 3 else 1000), transport="pg")
+        ringreduce.all_reduce(torch.ones(numel - (rank >= 3)), transport="pg", algorithm=algorithms[rank >= 3])
     except ringreduce.MismatchError as error:
         return str(error)
     return None
 
 
-def test_the_pg_call_check_names_the_same_two_ranks_on_every_rank():
+# (numel, algorithm of ranks 0-2, of ranks 3-4): the check on its own before a ring; inside a
+# doubling all-reduce, with all of it in the check's messages and with most of it after them; and
+# ranks 3 and 4 on another algorithm, whose check meets the doubling ranks' messages.
+ODD_CALLS = [(1000, ("ring", "ring")), (1000, ("doubling", "doubling")), (30_000, ("doubling", "doubling")),
+             (30_000, ("doubling", "ring"))]
+
+
+@pytest.mark.parametrize("numel, algorithms", ODD_CALLS)
+def test_the_pg_call_check_names_the_same_two_ranks_on_every_rank(numel, algorithms):
     """5 ranks, so rank 4 hands its call to rank 0 before the doubling rounds; ranks 3 and 4 differ
     from the rest. Every rank, including those that never met either, names rank 0 and rank 3."""
-    messages = run_ranks(5, _two_odd_ranks, env={"RINGREDUCE_TIMEOUT": GENEROUS_TIMEOUT_S})
+    messages = run_ranks(5, _two_odd_ranks, numel, algorithms, env={"RINGREDUCE_TIMEOUT": GENEROUS_TIMEOUT_S})
     assert len(set(messages)) == 1, messages
-    assert "rank 0 has 1000 x float32" in messages[0] and "rank 3 has 999 x float32" in messages[0], messages[0]
+    assert f"rank 0 has {numel} x float32, SUM, {algorithms[0]}" in messages[0], messages[0]
+    assert f"rank 3 has {numel - 1} x float32, SUM, {algorithms[1]}" in messages[0], messages[0]
 
 
 def _lanes_disagree(rank, world):

@@ -133,6 +133,29 @@ def test_a_pg_call_is_checked_in_log_n_messages_per_rank_not_n_minus_1(tmp_path)
         assert sent == 2 * (world - 1) + checking[rank], (rank, [e["name"] for e in transfers])
 
 
+def _traced_pg_doubling(rank, world, numel):
+    t = torch.full((numel,), float(rank))
+    ringreduce.all_reduce(t, transport="pg", algorithm="doubling")
+    ringreduce.destroy()  # writes the file
+    return t.unique().tolist()
+
+
+@pytest.mark.parametrize("numel, segments", [(1024, 0), (1 << 20, 1)])
+def test_a_pg_doubling_all_reduce_checks_the_call_in_its_own_log_n_messages(tmp_path, numel, segments):
+    """4 KiB: each step one message each way, the check and the data together (3, 3, 2, 2, 1, 1 at 6
+    ranks, against 5 for a header to every peer). 4 MiB: the first 64 KiB with the check, the rest in
+    one segment more per step (the pg transport's segments are 4 MiB)."""
+    world = 6
+    assert run_ranks(world, _traced_pg_doubling, numel, env={"RINGREDUCE_TRACE": str(tmp_path)}) == [[15.0]] * world
+    steps = [sum(role in ("hand_over", "exchange", "hand_back") for _, role in _C._testing.doubling_schedule(world, r))
+             for r in range(world)]
+    for rank in range(world):
+        (path,) = tmp_path.glob(f"ringreduce-pg-rank{rank}of{world}-*.json")
+        transfers = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("cat") == "transfer"]
+        sent = sum(e["name"] == "send" for e in transfers)
+        assert sent == steps[rank] * (1 + segments), (rank, [(e["name"], e["args"]["bytes"]) for e in transfers])
+
+
 def test_each_collective_is_a_range_in_torch_profiler():
     local = ringreduce.LocalWorld(1)
     group = local.group(0)

@@ -60,6 +60,26 @@ void central_all_reduce(Transport& transport, const Reducer& reducer, void* data
 void central_reduce(Transport& transport, const Reducer& reducer, void* data, std::size_t numel,
                     std::size_t segment_bytes, int root);
 
+// Bytes of a doubling all-reduce that travel in the same message as the call check at each step;
+// the rest follows in segments once the step's check has passed. A receive posted this large costs
+// gloo nothing when less comes (it moves only what is sent). 64 KiB: doubling is the algorithm of
+// small messages, where a step's second message would cost as much as the first; from 1 MiB, where
+// auto stops trying doubling (kDoublingCandidateBytes), one more message per step is small beside
+// the data.
+constexpr std::size_t kCheckedPayloadBytes = 64 << 10;
+
+// Recursive doubling all-reduce (doubling_schedule), the latency algorithm across hosts: in each of
+// ceil(log2 N) steps partners swap their whole partial results and both reduce them elementwise (a
+// commutative op, so both get the same bits), with a hand-over before and after for the ranks above
+// the largest power of two. Each rank sends at most log2(N) + 1 messages, of the whole buffer, against
+// the ring's 2(N-1) of 1/N. Every step's first message carries the call check (agree_on_call's) and
+// the buffer's first kCheckedPayloadBytes, so the check costs no messages of its own; the rest
+// follows once both ends know that every rank they stand for agrees. Every rank ends with the same
+// bits, or every rank raises the same MismatchError. `scratch` (as large as the buffer) takes the
+// partners' segments.
+void doubling_all_reduce(Transport& transport, const CollectiveHeader& header, const Reducer& reducer, void* data,
+                         void* scratch, std::size_t numel, std::size_t segment_bytes);
+
 // One-shot all-reduce, for small messages in host memory: every rank sends its whole buffer to
 // every peer and reduces the N contributions itself, in rank order, in `scratch` (as large as the
 // buffer). One round of messages instead of the ring's 2(N-1) or the central reducer's two, at the
@@ -68,10 +88,11 @@ void one_shot_all_reduce(Transport& transport, const Reducer& reducer, void* dat
 
 // Finds out whether every rank of the group makes the same call (`header`), for a transport whose
 // messages carry no header: one small message per doubling_schedule() step, ceil(log2 N) + 1 at
-// most per rank, all of one fixed size, before any data moves. Each message says what the ranks
-// it stands for called: the lowest one's header, and the lowest rank whose header differs from
-// it. So every rank ends knowing the same, and where they differ every rank raises the same
-// MismatchError, naming those two ranks.
+// most per rank, before any data moves. Each message says what the ranks it stands for called: the
+// lowest one's header, and the lowest rank whose header differs from it. So every rank ends knowing
+// the same, and where they differ every rank raises the same MismatchError, naming those two
+// ranks. Its receives take kCheckedPayloadBytes more than the check, so that a rank running a
+// doubling all-reduce (the same messages, with data) meets it without overrunning a buffer.
 void agree_on_call(Transport& transport, const CollectiveHeader& header);
 
 // An all-reduce of nothing still meets the neighbours: one empty message around the ring carries

@@ -39,6 +39,7 @@ const char* algorithm_name(Algorithm algorithm) {
     case Algorithm::Central: return "central";
     case Algorithm::OneShot: return "one_shot";
     case Algorithm::Hierarchical: return "hierarchical";
+    case Algorithm::Doubling: return "doubling";
     case Algorithm::Auto: return "auto";
   }
   return "unknown";

@@ -114,33 +114,43 @@ Algorithm choose_algorithm(const AutoTable& table, const std::string& transport,
     }
   }
   Algorithm algorithm = chosen < rules.size() ? rules[chosen].algorithm : Algorithm::Ring;
-  if ((algorithm == Algorithm::OneShot && !host_memory) || (algorithm == Algorithm::Hierarchical && !hierarchy)) {
+  if (((algorithm == Algorithm::OneShot || algorithm == Algorithm::Doubling) && !host_memory) ||
+      (algorithm == Algorithm::Hierarchical && !hierarchy)) {
     algorithm = Algorithm::Ring;
   }
   if (log && first_time(table.generation, chosen)) {
+    const Algorithm listed = chosen < rules.size() ? rules[chosen].algorithm : Algorithm::Ring;
+    const bool host_only = listed == Algorithm::OneShot || listed == Algorithm::Doubling;
     const std::string why =
         chosen == rules.size()
             ? detail::concat("no line of the table (", table.source, ") covers ", transport, " at ", bytes, " B: ring")
             : detail::concat("the line \"", transport, ", ", measured, " ranks, ", bytes_text(rules[chosen].up_to_bytes),
                              ": ", algorithm_name(rules[chosen].algorithm), "\" of ", table.source,
-                             host_memory || rules[chosen].algorithm != Algorithm::OneShot ? ""
-                                                                                          : " (one_shot is host-only: ring)",
-                             algorithm == rules[chosen].algorithm || rules[chosen].algorithm == Algorithm::OneShot
-                                 ? "" : " (this group does not span hosts: ring)");
+                             host_memory || !host_only ? "" : detail::concat(" (", algorithm_name(listed),
+                                                                             " is host-only: ring)"),
+                             algorithm == listed || host_only ? "" : " (this group does not span hosts: ring)");
     log(detail::concat("auto chose ", algorithm_name(algorithm), " for ", bytes, " B on ", transport, " with ", world,
                        " ranks: ", why));
   }
   return algorithm;
 }
 
-AutoLearner::AutoLearner(std::string transport, int world, bool host_memory, bool hierarchy)
-    : transport_(std::move(transport)), world_(world), host_memory_(host_memory), hierarchy_(hierarchy) {}
+AutoLearner::AutoLearner(std::string transport, int world, bool host_memory, bool hierarchy, bool spans_hosts)
+    : transport_(std::move(transport)),
+      world_(world),
+      host_memory_(host_memory),
+      hierarchy_(hierarchy),
+      spans_hosts_(spans_hosts) {}
 
 AutoLearner::Tried AutoLearner::candidates(std::uint64_t bytes) const {
   Tried tried;
   for (const Algorithm candidate : kCandidates) {
     if (candidate == Algorithm::OneShot && !(host_memory_ && class_floor(bytes) < kOneShotCandidateBytes)) continue;
     if (candidate == Algorithm::Hierarchical && !hierarchy_) continue;
+    if (candidate == Algorithm::Doubling &&
+        !(host_memory_ && spans_hosts_ && class_floor(bytes) < kDoublingCandidateBytes)) {
+      continue;
+    }
     tried.list[tried.count++] = candidate;
   }
   return tried;

@@ -123,6 +123,10 @@ constexpr double kAutoSwitchMargin = 0.05;
 // ring's time at 2 and 4 ranks, every bench run of 2026-11-30 and 2026-12-01). Its exploring calls
 // there were the dearest of all: at 64 MiB, 2 ranks, 33 ms against ring's 7.5.
 constexpr std::uint64_t kOneShotCandidateBytes = 1024 * 1024;
+// Doubling is tried below this, on groups that span hosts. Like one-shot it is a latency algorithm
+// (log2 N steps, the whole buffer at each), and the same bound keeps its dear exploring calls
+// away from the sizes where moving 2(N-1)/N of the buffer (ring, hierarchical) wins.
+constexpr std::uint64_t kDoublingCandidateBytes = kOneShotCandidateBytes;
 
 // The online choice of one communicator. Pure bookkeeping: the communicator times the calls and
 // hands over the group's slowest times; every rank holds the same counts and the same times, so
@@ -131,14 +135,15 @@ constexpr std::uint64_t kOneShotCandidateBytes = 1024 * 1024;
 class AutoLearner {
  public:
   // In this order; one_shot only on host memory and below kOneShotCandidateBytes, hierarchical only
-  // on a group with a `hierarchy`.
-  static constexpr std::array<Algorithm, 4> kCandidates = {Algorithm::Ring, Algorithm::Central, Algorithm::OneShot,
-                                                           Algorithm::Hierarchical};
+  // on a group with a `hierarchy`, doubling only on host memory of a group that `spans_hosts` and
+  // below kDoublingCandidateBytes.
+  static constexpr std::array<Algorithm, 5> kCandidates = {Algorithm::Ring, Algorithm::Central, Algorithm::OneShot,
+                                                           Algorithm::Hierarchical, Algorithm::Doubling};
   // Nanoseconds of each tried candidate's timed calls of a round, summed (by place among those
   // tried): this rank's, then (after the all-reduce) the slowest rank's.
   using Times = std::array<std::int64_t, kCandidates.size()>;
 
-  AutoLearner(std::string transport, int world, bool host_memory, bool hierarchy = false);
+  AutoLearner(std::string transport, int world, bool host_memory, bool hierarchy = false, bool spans_hosts = false);
 
   struct Pick {
     Algorithm algorithm = Algorithm::Ring;
@@ -186,6 +191,7 @@ class AutoLearner {
   int world_;
   bool host_memory_;
   bool hierarchy_;
+  bool spans_hosts_;
   std::array<SizeClass, 65> classes_;  // by bit width of the size: 0 B, 1 B, 2-3 B, 4-7 B, ...
 };
 

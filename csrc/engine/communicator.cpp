@@ -126,7 +126,8 @@ AutoLearner::Pick Communicator::resolve_auto(std::uint64_t bytes) {
   if (!auto_learns(bytes)) {
     return {fixed_auto(bytes), false};
   }
-  if (!learner_) learner_ = std::make_unique<AutoLearner>(transport_name(), size(), host_memory, has_hierarchy());
+  if (!learner_) learner_ = std::make_unique<AutoLearner>(transport_name(), size(), host_memory, has_hierarchy(),
+                                                         spans_hosts());
   return learner_->pick(bytes);
 }
 
@@ -162,8 +163,10 @@ void Communicator::run_resolved(const CollectiveArgs& args, const char* auto_rol
                                     : hierarchical         ? kHierarchicalSegmentBytes
                                                            : transport_->default_segment_bytes();
   RR_CHECK(args.algorithm != Algorithm::Auto, "the algorithm must be resolved before the collective runs");
-  RR_CHECK(args.algorithm != Algorithm::OneShot || stream_ == nullptr,
-           "one_shot runs on host memory only; use ring or central for device tensors");
+  RR_CHECK((args.algorithm != Algorithm::OneShot && args.algorithm != Algorithm::Doubling) || stream_ == nullptr,
+           algorithm_name(args.algorithm), " runs on host memory only; use ring or central for device tensors");
+  RR_CHECK(args.algorithm != Algorithm::Doubling || args.collective == Collective::AllReduce,
+           "doubling runs all-reduces only");
   RR_CHECK(args.input == nullptr || (stream_ == nullptr && args.collective == Collective::ReduceScatter),
            "a separate input is for host reduce-scatters only");
   const bool compressed = args.compression != Compression::None;
@@ -205,7 +208,9 @@ void Communicator::run_resolved(const CollectiveArgs& args, const char* auto_rol
     const bool check = check_env == nullptr || std::string(check_env) != "0";
     transport_->begin_collective(header, check);
     if (neighbours != nullptr) neighbours->begin_collective(header, check);
-    if (check && size() > 1 && !transport_->compares_headers()) agree_on_call(*transport_, header);
+    // A doubling all-reduce checks the call in its own messages.
+    const bool checks_itself = args.collective == Collective::AllReduce && args.algorithm == Algorithm::Doubling;
+    if (check && size() > 1 && !transport_->compares_headers() && !checks_itself) agree_on_call(*transport_, header);
     // In a broadcast or reduce some ranks only send; they must not return before a disagreement
     // found by the rank they send to has reached them.
     const bool some_only_send = args.collective == Collective::Broadcast || args.collective == Collective::Reduce;
@@ -214,7 +219,7 @@ void Communicator::run_resolved(const CollectiveArgs& args, const char* auto_rol
                          args.collective == Collective::Reduce;
     // (A separate input is host memory, whose reducers prepare nothing.)
     if (reduces && args.numel > 0 && size() > 1) reducer.prepare(args.data, args.numel);
-    if (args.numel == 0) {
+    if (args.numel == 0 && !checks_itself) {
       agree_on_nothing(*transport_);
     } else {
       switch (args.collective) {
@@ -229,6 +234,10 @@ void Communicator::run_resolved(const CollectiveArgs& args, const char* auto_rol
             case Algorithm::Hierarchical:
               hierarchical_all_reduce(*transport_, *hosts_, reducer, args.data, args.numel, segment_bytes, lanes,
                                       args.compression, args.residual);
+              break;
+            case Algorithm::Doubling:
+              doubling_all_reduce(*transport_, header, reducer, args.data,
+                                  host_scratch(args.numel * reducer.element_size()), args.numel, segment_bytes);
               break;
             default:
               one_shot_all_reduce(*transport_, reducer, args.data, host_scratch(args.numel * reducer.element_size()),

@@ -441,14 +441,15 @@ Call all_reduce_call(Communicator& communicator, const at::Tensor& tensor, Reduc
   const DType dtype = to_dtype(tensor, op);
   if (residual) check_residual(*residual, tensor, op);
   compression = link_compression(communicator, compression, Collective::AllReduce, dtype, op, &algorithm);
-  if (algorithm == Algorithm::OneShot && communicator.stream_context() != nullptr) {
-    throw std::invalid_argument("ringreduce: algorithm 'one_shot' runs on host transports only; use 'auto', 'ring' "
-                                "or 'central' on a device (CUDA, or the simulated one)");
+  if ((algorithm == Algorithm::OneShot || algorithm == Algorithm::Doubling) && communicator.stream_context() != nullptr) {
+    throw std::invalid_argument(detail::concat("ringreduce: algorithm '", algorithm_name(algorithm), "' runs on host "
+                                               "transports only; use 'auto', 'ring' or 'central' on a device (CUDA, "
+                                               "or the simulated one)"));
   }
   if (algorithm == Algorithm::Hierarchical && !communicator.has_hierarchy()) {
     throw std::invalid_argument(detail::concat(
         "ringreduce: algorithm 'hierarchical' needs a group whose ranks span several hosts, with several ranks on "
-        "some host; ", hosts_of(communicator), ". Use 'auto', 'ring', 'central' or 'one_shot'"));
+        "some host; ", hosts_of(communicator), ". Use 'auto', 'ring', 'central', 'one_shot' or 'doubling'"));
   }
   // Under torch.use_deterministic_algorithms(True) auto does not learn: each size keeps one
   // algorithm (the table's or the prior's) for the whole run, so sums repeat from run to run.

@@ -20,6 +20,7 @@ ROWS = {
         "gloo": lambda b: dist.all_reduce(b.whole),
         "ring": lambda b: ringreduce.all_reduce(b.whole, algorithm="ring"),
         "hierarchical": lambda b: ringreduce.all_reduce(b.whole, algorithm="hierarchical"),
+        "doubling": lambda b: ringreduce.all_reduce(b.whole, algorithm="doubling"),
         "auto": lambda b: ringreduce.all_reduce(b.whole, algorithm="auto"),
         "bf16": lambda b: ringreduce.all_reduce(b.whole, compress="bf16"),
         "fp16": lambda b: ringreduce.all_reduce(b.whole, compress="fp16"),
