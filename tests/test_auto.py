@@ -31,8 +31,8 @@ def table():
     tuning.load()
 
 
-def choice(transport, world, nbytes, host_memory=True):
-    return NAMES[_C.choose_algorithm(transport, world, nbytes, host_memory)]
+def choice(transport, world, nbytes, host_memory=True, spans_hosts=False):
+    return NAMES[_C.choose_algorithm(transport, world, nbytes, host_memory, spans_hosts)]
 
 
 def test_the_first_line_that_covers_the_size_wins(table):
@@ -48,11 +48,15 @@ def test_the_largest_measured_world_not_above_applies(table):
 
 
 def test_without_lines_the_prior_from_theory_applies(table):
-    """One-shot for small messages on host memory, ring for large ones and on devices."""
+    """One-shot for small messages on host memory (doubling across hosts), ring for large ones and
+    on devices."""
     assert choice("pg", 2, 100) == "one_shot"
     assert choice("pg", 2, 64 << 10) == "one_shot"
     assert choice("pg", 2, (64 << 10) + 1) == "ring"
     assert choice("shm", 2, 100, host_memory=False) == "ring"
+    assert choice("pg", 16, 100, spans_hosts=True) == choice("pg", 16, 64 << 10, spans_hosts=True) == "doubling"
+    assert choice("pg", 16, (64 << 10) + 1, spans_hosts=True) == "ring"
+    assert choice("pg", 16, 100, host_memory=False, spans_hosts=True) == "ring"
 
 
 def test_with_no_file_auto_learns(tmp_path, monkeypatch):

@@ -32,7 +32,7 @@ def _hosts(layout, **extra):
 
 def _every_dtype_and_op(rank, world):
     checks = 0
-    for algorithm in ("hierarchical", "doubling", "auto"):  # (flat ones on pg: tests/test_processes.py)
+    for algorithm in ("hierarchical", "auto"):  # (flat ones, doubling among them, on pg: tests/test_processes.py)
         for numel in sorted({0, 1, world - 1, world + 1, 99_991}):
             for dtype in ALL_DTYPES:
                 for op in ops_for(dtype):

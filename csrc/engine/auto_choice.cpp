@@ -73,8 +73,8 @@ AutoLogger auto_logger() {
   return logger;
 }
 
-Algorithm prior_algorithm(std::uint64_t bytes, bool host_memory, bool hierarchy) {
-  if (host_memory && bytes <= kOneShotPriorBytes) return Algorithm::OneShot;
+Algorithm prior_algorithm(std::uint64_t bytes, bool host_memory, bool hierarchy, bool spans_hosts) {
+  if (host_memory && bytes <= kOneShotPriorBytes) return spans_hosts ? Algorithm::Doubling : Algorithm::OneShot;
   return hierarchy ? Algorithm::Hierarchical : Algorithm::Ring;
 }
 
@@ -84,7 +84,7 @@ bool table_covers(const AutoTable& table, const std::string& transport) {
 }
 
 Algorithm choose_algorithm(const AutoTable& table, const std::string& transport, int world, std::uint64_t bytes,
-                           bool host_memory, bool hierarchy) {
+                           bool host_memory, bool hierarchy, bool spans_hosts) {
   const std::vector<AutoRule>& rules = table.rules;
   // The world size whose lines apply: the largest measured at or below `world`, else the smallest.
   int below = -1;
@@ -96,10 +96,11 @@ Algorithm choose_algorithm(const AutoTable& table, const std::string& transport,
   }
   const AutoLogger log = auto_logger();
   if (smallest == INT_MAX) {
-    const Algorithm prior = prior_algorithm(bytes, host_memory, hierarchy);
+    const Algorithm prior = prior_algorithm(bytes, host_memory, hierarchy, spans_hosts);
     if (log && first_time(table.generation, rules.size() + 1 + static_cast<std::size_t>(prior))) {
       log(detail::concat("auto chose ", algorithm_name(prior), " for ", bytes, " B on ", transport, " with ", world,
-                         " ranks: the prior (one_shot up to ", kOneShotPriorBytes, " B on host memory, ",
+                         " ranks: the prior (", spans_hosts ? "doubling" : "one_shot", " up to ", kOneShotPriorBytes,
+                         " B on host memory, ",
                          hierarchy ? "hierarchical" : "ring", " above and on devices), as no table covers ", transport,
                          " and this group does not learn (it learns on host memory with 2 ranks or more)"));
     }
@@ -175,7 +176,7 @@ AutoLearner::Pick AutoLearner::pick(std::uint64_t bytes) {
   const Tried tried = candidates(bytes);
   const int count = static_cast<int>(tried.count);
   if (!size.decided && !size.exploring) {
-    size.chosen = prior_algorithm(bytes, host_memory_, hierarchy_);
+    size.chosen = prior_algorithm(bytes, host_memory_, hierarchy_, spans_hosts_);
     size.exploring = true;  // the class's first call
     size.calls = first_round_calls(bytes);
     size.trial = -count;

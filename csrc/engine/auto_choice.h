@@ -57,12 +57,15 @@ AutoLogger auto_logger();
 // benchmarks/RESULTS.md, "Small messages and auto"); the learner corrects it wherever it is wrong.
 constexpr std::uint64_t kOneShotPriorBytes = 64 * 1024;
 
-// What theory says before anything is measured: one-shot for small messages on host memory (one
-// step), and above them the algorithm that moves the fewest bytes over the slowest links: across
-// hosts (`hierarchy`: a group over several hosts, some with several ranks) the hierarchical one,
-// whose host links carry 2(H-1)/H of the buffer for H hosts instead of the flat ring's 2(N-1)/N;
-// else the ring (one-shot does not run on a device).
-Algorithm prior_algorithm(std::uint64_t bytes, bool host_memory, bool hierarchy = false);
+// What theory says before anything is measured: for small messages on host memory the fewest
+// rounds of messages, one-shot on one host (one step) and doubling on a group that `spans_hosts`
+// (log2(N) rounds, the call's check inside them, where one-shot's N-1 messages per rank each cross
+// a network and the check takes rounds of its own: 4 KiB on 16 emulated hosts, 4.5 ms against
+// central's 8-11, benchmarks/RESULTS.md); above them the algorithm that moves the fewest bytes over
+// the slowest links: across hosts (`hierarchy`: a group over several hosts, some with several
+// ranks) the hierarchical one, whose host links carry 2(H-1)/H of the buffer for H hosts instead of
+// the flat ring's 2(N-1)/N; else the ring (one-shot and doubling do not run on a device).
+Algorithm prior_algorithm(std::uint64_t bytes, bool host_memory, bool hierarchy = false, bool spans_hosts = false);
 
 // Whether the table has lines for `transport` (then they fix the choice there).
 bool table_covers(const AutoTable& table, const std::string& transport);
@@ -73,7 +76,7 @@ bool table_covers(const AutoTable& table, const std::string& transport);
 // wins, and ring where none does. One-shot gives way to ring on a device, and hierarchical where
 // the group has no `hierarchy`.
 Algorithm choose_algorithm(const AutoTable& table, const std::string& transport, int world, std::uint64_t bytes,
-                           bool host_memory, bool hierarchy = false);
+                           bool host_memory, bool hierarchy = false, bool spans_hosts = false);
 
 // Timed calls of each candidate in a class's first round, one candidate's calls after another (the
 // way a training loop calls; taking turns call by call, 4 ranks on 2 cores at 64 KiB measured all

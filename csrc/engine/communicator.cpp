@@ -113,7 +113,8 @@ bool Communicator::auto_learns(std::uint64_t bytes) const {
 }
 
 Algorithm Communicator::fixed_auto(std::uint64_t bytes) const {
-  return choose_algorithm(*auto_table_, transport_name(), size(), bytes, stream_ == nullptr, has_hierarchy());
+  return choose_algorithm(*auto_table_, transport_name(), size(), bytes, stream_ == nullptr, has_hierarchy(),
+                          spans_hosts());
 }
 
 void Communicator::adopt_auto_table(std::shared_ptr<const AutoTable> table) {

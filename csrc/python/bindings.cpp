@@ -383,10 +383,12 @@ PYBIND11_MODULE(_C, m) {
       "Says what auto chooses, and why, through ringreduce._debug (RINGREDUCE_DEBUG=INFO).");
   m.def(
       "choose_algorithm",
-      [](const std::string& transport, int world, std::uint64_t bytes, bool host_memory) {
-        return static_cast<int>(choose_algorithm(*current_auto_table(), transport, world, bytes, host_memory));
+      [](const std::string& transport, int world, std::uint64_t bytes, bool host_memory, bool spans_hosts) {
+        return static_cast<int>(
+            choose_algorithm(*current_auto_table(), transport, world, bytes, host_memory, false, spans_hosts));
       },
       py::arg("transport"), py::arg("world"), py::arg("bytes"), py::arg("host_memory") = true,
+      py::arg("spans_hosts") = false,
       "The algorithm code of the table, or of the prior where the table has no lines (what auto runs before it learns).");
 
   py::class_<Membership, std::shared_ptr<Membership>>(
