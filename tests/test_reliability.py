@@ -65,9 +65,11 @@ def test_disagreeing_ranks_all_raise_the_same_error_within_seconds(transport, ca
 
 
 def _two_odd_ranks(rank, world, numel, algorithms):
+    tensor = torch.full((numel - (rank >= 3),), float(rank))
     try:
-        ringreduce.all_reduce(torch.ones(numel - (rank >= 3)), transport="pg", algorithm=algorithms[rank >= 3])
+        ringreduce.all_reduce(tensor, transport="pg", algorithm=algorithms[rank >= 3])
     except ringreduce.MismatchError as error:
+        assert torch.equal(tensor, torch.full_like(tensor, float(rank))), "a refused call must leave the tensor alone"
         return str(error)
     return None
 

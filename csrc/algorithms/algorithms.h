@@ -75,8 +75,8 @@ constexpr std::size_t kCheckedPayloadBytes = 64 << 10;
 // the ring's 2(N-1) of 1/N. Every step's first message carries the call check (agree_on_call's) and
 // the buffer's first kCheckedPayloadBytes, so the check costs no messages of its own; the rest
 // follows once both ends know that every rank they stand for agrees. Every rank ends with the same
-// bits, or every rank raises the same MismatchError. `scratch` (as large as the buffer) takes the
-// partners' segments.
+// bits, or every rank raises the same MismatchError and its buffer is left as it was. `scratch`
+// (twice the buffer) holds the working copy and the partners' segments.
 void doubling_all_reduce(Transport& transport, const CollectiveHeader& header, const Reducer& reducer, void* data,
                          void* scratch, std::size_t numel, std::size_t segment_bytes);
 

@@ -43,7 +43,10 @@ CallsSeen combine(const CallsSeen& a, const CallsSeen& b) {
 // One rank's recursive doubling (doubling_schedule): every step's first message is what this rank
 // has seen of the ranks' calls, followed by the first kCheckedPayloadBytes of its data; the rest of
 // the data follows in segments once both ends know that everyone they stand for agrees. Without a
-// reducer it is the call check alone. Raises MismatchError on every rank when the calls differ.
+// reducer it is the call check alone. Raises MismatchError on every rank when the calls differ. The
+// rounds work on a copy in scratch, which replaces the caller's buffer only once every rank is
+// known to agree: a rank may learn of a disagreement after it has reduced, and the caller's data
+// is left as it was.
 class Doubling {
  public:
   Doubling(Transport& transport, const CollectiveHeader& header, const Reducer* reducer, void* data, void* scratch,
@@ -53,8 +56,9 @@ class Doubling {
         elem_(reducer != nullptr ? reducer->element_size() : 1),
         numel_(reducer != nullptr ? numel : 0),
         inline_count_(std::min(numel_, kCheckedPayloadBytes / elem_)),
-        mine_(static_cast<char*>(data)),
-        theirs_(static_cast<char*>(scratch)),
+        data_(static_cast<char*>(data)),
+        mine_(static_cast<char*>(scratch)),
+        theirs_(static_cast<char*>(scratch) + numel_ * elem_),
         rest_(numel_ > inline_count_ ? central_schedule(numel_ - inline_count_, elem_, segment_bytes)
                                      : std::vector<Span>{}),
         outgoing_(sizeof(CallsSeen) + inline_count_ * elem_),
@@ -69,6 +73,7 @@ class Doubling {
 
   void run() {
     if (transport_.size() == 1) return;
+    if (numel_ > 0) std::memcpy(mine_, data_, numel_ * elem_);
     const std::vector<DoublingStep> steps = doubling_schedule(transport_.size(), transport_.rank());
     std::size_t exchanges_left = 0;
     for (const DoublingStep& step : steps) exchanges_left += step.role == DoublingRole::Exchange;
@@ -132,6 +137,7 @@ class Doubling {
       }
     }
     if (!agreed()) throw_mismatch(seen_.odd_rank, seen_.odd, seen_.lead_rank, seen_.lead);
+    if (numel_ > 0) std::memcpy(data_, mine_, numel_ * elem_);
   }
 
  private:
@@ -195,8 +201,9 @@ class Doubling {
   const std::size_t elem_;
   const std::size_t numel_;
   const std::size_t inline_count_;
-  char* mine_;
-  char* theirs_;
+  char* data_;    // the caller's buffer
+  char* mine_;    // this rank's working copy
+  char* theirs_;  // where the partners' segments land
   std::vector<Span> rest_;
   std::vector<unsigned char> outgoing_, incoming_;
   CallsSeen seen_;

@@ -238,7 +238,7 @@ void Communicator::run_resolved(const CollectiveArgs& args, const char* auto_rol
               break;
             case Algorithm::Doubling:
               doubling_all_reduce(*transport_, header, reducer, args.data,
-                                  host_scratch(args.numel * reducer.element_size()), args.numel, segment_bytes);
+                                  host_scratch(2 * args.numel * reducer.element_size()), args.numel, segment_bytes);
               break;
             default:
               one_shot_all_reduce(*transport_, reducer, args.data, host_scratch(args.numel * reducer.element_size()),
