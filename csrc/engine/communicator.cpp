@@ -210,7 +210,7 @@ void Communicator::run_resolved(const CollectiveArgs& args, const char* auto_rol
     transport_->begin_collective(header, check);
     if (neighbours != nullptr) neighbours->begin_collective(header, check);
     // A doubling all-reduce checks the call in its own messages.
-    const bool checks_itself = args.collective == Collective::AllReduce && args.algorithm == Algorithm::Doubling;
+    const bool checks_itself = args.algorithm == Algorithm::Doubling;  // (all-reduces only, checked above)
     if (check && size() > 1 && !transport_->compares_headers() && !checks_itself) agree_on_call(*transport_, header);
     // In a broadcast or reduce some ranks only send; they must not return before a disagreement
     // found by the rank they send to has reached them.

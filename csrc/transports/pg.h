@@ -25,9 +25,9 @@ constexpr std::size_t kProcessGroupSegmentBytes = 4 << 20;
 // the default; RINGREDUCE_LANES asks for more.
 constexpr std::size_t kProcessGroupMaxLanes = 4;
 
-// Its messages carry data only: the communicator checks each call with agree_on_call() first
-// (ceil(log2 N) small messages per rank), so a disagreement is seen by every rank before any data
-// moves, whatever the algorithm. No data receive is posted before the sizes are known to match
+// Its messages carry data only: the communicator checks each call with agree_on_call() first (at
+// most log2(N) + 1 small messages per rank; a doubling all-reduce carries the check in its own
+// messages), so a disagreement is seen by every rank before any data moves, whatever the algorithm. No data receive is posted before the sizes are known to match
 // everywhere: gloo aborts the whole process when a message is longer than the buffer posted for
 // it. Aborts are published in the group's store and the backend is dropped, which closes its
 // connections and wakes every peer.
