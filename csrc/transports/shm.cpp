@@ -15,10 +15,13 @@
 #include <cerrno>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <new>
 #include <random>
+#include <set>
 #include <thread>
 
 #if defined(__x86_64__)
@@ -104,6 +107,29 @@ void remove_stale_segments() {
   ::closedir(dir);
 }
 
+// The names this process created in /dev/shm and has not removed yet. A group's build that waits
+// for a peer which died keeps its name until it gives up; a shrink leaves such a build to end on a
+// thread of its own, and the process may end first. The names left are removed at exit. Never
+// destroyed, as such a thread may still remove its own while the process ends.
+struct CreatedNames {
+  std::mutex mutex;
+  std::set<std::string> names;
+};
+
+CreatedNames& created_names() {
+  static CreatedNames* const created = [] {
+    auto* made = new CreatedNames;
+    std::atexit([] {
+      CreatedNames& left = created_names();
+      const std::lock_guard<std::mutex> lock(left.mutex);
+      for (const std::string& name : left.names) ::shm_unlink(name.c_str());
+      left.names.clear();
+    });
+    return made;
+  }();
+  return *created;
+}
+
 void futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t expected, std::chrono::nanoseconds timeout) {
   timespec ts{static_cast<time_t>(timeout.count() / 1000000000), static_cast<long>(timeout.count() % 1000000000)};
   ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
@@ -175,6 +201,11 @@ struct ShmTransport::Segment {
     const int fd = create ? ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600) : ::shm_open(name.c_str(), O_RDWR, 0);
     RR_CHECK(fd >= 0, "shm_open(", name, ") failed: ", std::strerror(errno));
     linked = create;
+    if (create) {
+      CreatedNames& created = created_names();
+      const std::lock_guard<std::mutex> lock(created.mutex);
+      created.names.insert(name);
+    }
     if (create && ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
       const int error = errno;
       ::close(fd);
@@ -199,7 +230,10 @@ struct ShmTransport::Segment {
     unlink();
   }
   void unlink() {
-    if (linked) ::shm_unlink(name.c_str());
+    if (!linked) return;
+    CreatedNames& created = created_names();
+    const std::lock_guard<std::mutex> lock(created.mutex);
+    if (created.names.erase(name) > 0) ::shm_unlink(name.c_str());  // (gone already at exit)
     linked = false;
   }
 
