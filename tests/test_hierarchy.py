@@ -204,6 +204,34 @@ def test_uneven_layouts_refuse_hierarchical_chunks_and_auto_runs_the_ring():
                                           "all-gather flat (uneven hosts)")} and outcomes[0][0] > 0
 
 
+# kHierarchicalBlockBytes of float32 across 4 ranks: a block holds this many of each chunk.
+_BLOCK_ELEMS = (4 << 20) // 4 // 4
+_STAGED_BYTES = 3 * (4 << 20)  # kHierarchicalStagedBlocks blocks
+
+
+def _many_blocks(rank, world):
+    """A reduce-scatter and all-gather of 4 blocks and a ragged fifth, so the staged blocks are reused."""
+    chunk = 4 * _BLOCK_ELEMS + 12_345
+    inputs = [(torch.arange(chunk * world) % 1009 + 3 * r).float() for r in range(world)]
+    mine = inputs[rank].clone()
+    share = torch.full((chunk,), -1.0)
+    ringreduce.reduce_scatter_tensor(share, mine, algorithm="hierarchical")
+    exact = torch.stack([t.double() for t in inputs]).sum(0)[rank * chunk:(rank + 1) * chunk]
+    assert torch.equal(share.double(), exact) and torch.equal(mine, inputs[rank])
+    gathered = torch.full((chunk * world,), -1.0)
+    ringreduce.all_gather_into_tensor(gathered, share, algorithm="hierarchical")
+    assert torch.equal(gathered.double(), torch.stack([t.double() for t in inputs]).sum(0))
+    (comm,) = ringreduce._groups.group_state(None).communicators.values()
+    return comm.working_bytes()
+
+
+def test_reduce_scatter_and_all_gather_reuse_a_bounded_working_memory():
+    """17 MiB per rank through both, exact, with at most 12 MiB of working memory kept (not the buffer's
+    size twice over, as when the pipeline ran ahead and the reduce-scatter reduced into a copy)."""
+    kept = run_ranks(4, _many_blocks, env=_hosts(LAYOUTS["2x2"]))
+    assert all(0 < k <= _STAGED_BYTES for k in kept), kept
+
+
 def _floats_through_the_backend(rank, world):
     """What FSDP and ZeRO call, through init_process_group("ringreduce"), on random floats: every
     rank's share against the float64 sum, and the gathered pieces bitwise."""

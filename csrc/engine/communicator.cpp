@@ -170,6 +170,9 @@ void Communicator::run_resolved(const CollectiveArgs& args, const char* auto_rol
            "doubling runs all-reduces only");
   RR_CHECK(args.input == nullptr || (stream_ == nullptr && args.collective == Collective::ReduceScatter),
            "a separate input is for host reduce-scatters only");
+  RR_CHECK(args.output == nullptr || (hierarchical && args.input != nullptr && args.collective ==
+                                      Collective::ReduceScatter),
+           "a separate output is for hierarchical host reduce-scatters with a separate input only");
   const bool compressed = args.compression != Compression::None;
   RR_CHECK(!compressed || (hierarchical && args.dtype == DType::Float32 &&
                            (args.op == ReduceOp::Sum || args.op == ReduceOp::Avg) && spans_hosts() &&
@@ -247,9 +250,12 @@ void Communicator::run_resolved(const CollectiveArgs& args, const char* auto_rol
           break;
         case Collective::ReduceScatter:
           if (hierarchical) {
-            hierarchical_reduce_scatter(*transport_, *hosts_, reducer, args.input != nullptr ? args.input : args.data,
-                                        args.data, host_scratch(args.numel * reducer.element_size()), chunk,
-                                        segment_bytes, lanes, args.compression);
+            hierarchical_reduce_scatter(
+                *transport_, *hosts_, reducer, args.input != nullptr ? args.input : args.data,
+                args.output != nullptr ? args.output
+                                       : static_cast<char*>(args.data) + rank() * chunk * reducer.element_size(),
+                host_scratch(hierarchical_staging_bytes(chunk, reducer.element_size(), size())), chunk, segment_bytes,
+                lanes, args.compression);
           } else {
             ring_reduce_scatter(*transport_, reducer, args.data, chunk, segment_bytes, lanes, args.input);
           }
@@ -257,7 +263,8 @@ void Communicator::run_resolved(const CollectiveArgs& args, const char* auto_rol
         case Collective::AllGather:
           if (hierarchical) {
             hierarchical_all_gather(*transport_, *hosts_, reducer.element_size(), args.data,
-                                    host_scratch(args.numel * reducer.element_size()), chunk, segment_bytes, lanes);
+                                    host_scratch(hierarchical_staging_bytes(chunk, reducer.element_size(), size())),
+                                    chunk, segment_bytes, lanes);
           } else {
             ring_all_gather(*transport_, reducer.element_size(), args.data, chunk, segment_bytes, lanes);
           }

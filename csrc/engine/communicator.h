@@ -47,6 +47,9 @@ struct CollectiveArgs {
   int root = 0;                   // central reducer and broadcast only
   // Reduce-scatter on host memory: the input, when it is not in `data` (then working memory).
   const void* input = nullptr;
+  // A hierarchical reduce-scatter on host memory: where this rank's chunk goes, when not to chunk
+  // `rank` of `data` (then `data` is not used, and its working memory is bounded).
+  void* output = nullptr;
   // A hierarchical float32 SUM or AVG all-reduce or reduce-scatter: the format its values take
   // between hosts (16-bit, or int8 blocks).
   Compression compression = Compression::None;
@@ -75,6 +78,8 @@ class Communicator {
   // What the caller keeps with the communicator between calls, released with it (the torch glue
   // keeps a reduce-scatter's working buffer here).
   std::shared_ptr<void>& caller_state() { return caller_state_; }
+  // Host memory the communicator keeps between calls for its algorithms' working memory.
+  std::size_t host_working_bytes() const { return host_scratch_bytes_; }
   StreamContext* stream_context() const { return stream_.get(); }
   // Which ranks share a host, where the group spans hosts; else null.
   const HostLayout* host_layout() const { return hosts_ ? &hosts_->layout : nullptr; }

@@ -216,11 +216,13 @@ class Handoff {
 };
 
 // Runs the stages of every block: `before(b)` on this thread, block after block; `cross(b)` on a
-// link thread as soon as before(b) is done; `after(b)` on this thread as soon as cross(b) is done
-// (once every before() has run). The link works on one block while this host works on others. The
-// two threads use different transports and meet only here; an error in either stops both, and the
-// link thread is joined before it is raised, so the caller may abort the transports.
-void pipeline(std::size_t blocks, const std::function<void(std::size_t)>& before,
+// link thread as soon as before(b) is done; `after(b)` on this thread as soon as cross(b) is done.
+// At most `window` blocks are between before() and after() at once: before(b) waits for
+// after(b - window), so working memory of `window` blocks serves any number of them. The link works
+// on one block while this host works on others. The two threads use different transports and meet
+// only here; an error in either stops both, and the link thread is joined before it is raised, so
+// the caller may abort the transports. Every rank of a host runs its stages in the same order.
+void pipeline(std::size_t blocks, std::size_t window, const std::function<void(std::size_t)>& before,
               const std::function<void(std::size_t)>& cross, const std::function<void(std::size_t)>& after) {
   if (blocks == 1) {
     before(0);
@@ -241,14 +243,17 @@ void pipeline(std::size_t blocks, const std::function<void(std::size_t)>& before
     }
   });
   try {
+    std::size_t finished = 0;  // blocks through after()
+    auto finish_one = [&] {
+      handoff.wait_crossed(finished);
+      after(finished++);
+    };
     for (std::size_t b = 0; b < blocks; ++b) {
+      if (b >= finished + window) finish_one();
       before(b);
       handoff.reduced(b + 1);
     }
-    for (std::size_t b = 0; b < blocks; ++b) {
-      handoff.wait_crossed(b);
-      after(b);
-    }
+    while (finished < blocks) finish_one();
   } catch (...) {
     handoff.stop();  // the link thread stops at its next block
     link.join();
@@ -264,8 +269,8 @@ Transport& host_transport(HostTier& tier) {
 }
 
 // The hierarchical reduce-scatter's and all-gather's blocks: block b is the same run of elements
-// of every rank's chunk, laid out in `staging` by column (HostLayout::column_position), after the
-// blocks before it. Stage by stage, a block is a small reduce-scatter or all-gather of its own.
+// of every rank's chunk, laid out by column (HostLayout::column_position) in slot b % slots of
+// `staging`. Stage by stage, a block is a small reduce-scatter or all-gather of its own.
 class Columns {
  public:
   Columns(Transport& across, HostTier& tier, std::size_t chunk_elems, std::size_t elem, void* data, void* staging,
@@ -292,9 +297,12 @@ class Columns {
   void to_ranks(std::size_t b) {
     for (int rank = 0; rank < layout_.world(); ++rank) std::memcpy(data_ + in_ranks(b, rank), in_columns(b, rank), bytes(b));
   }
-  // This rank's own run of block b, between `data` and the staging.
+  // This rank's own run of block b, from `data` into the staging, or from there into `result`
+  // (this rank's chunk).
   void mine_to_columns(std::size_t b) { std::memcpy(in_columns(b, me()), data_ + in_ranks(b, me()), bytes(b)); }
-  void mine_to_ranks(std::size_t b) { std::memcpy(data_ + in_ranks(b, me()), in_columns(b, me()), bytes(b)); }
+  void mine_to_result(std::size_t b, char* result) {
+    std::memcpy(result + blocks_[b].offset * elem_, in_columns(b, me()), bytes(b));
+  }
 
   // Inside the host: local rank j ends with column j of block b summed over the host (not finished:
   // the hosts' sums come next), or every column reaches every rank of the host.
@@ -331,7 +339,8 @@ class Columns {
   int me() const { return across_.rank(); }
   int column() const { return layout_.local_of(me()); }  // this rank's place on its host
   std::size_t bytes(std::size_t b) const { return blocks_[b].count * elem_; }
-  char* block(std::size_t b) const { return staging_ + blocks_[b].offset * layout_.world() * elem_; }
+  char* block(std::size_t b) const { return staging_ + (b % kHierarchicalStagedBlocks) * slot_bytes(); }
+  std::size_t slot_bytes() const { return blocks_[0].count * layout_.world() * elem_; }
   char* in_columns(std::size_t b, int rank) const {
     return block(b) + static_cast<std::size_t>(layout_.column_position(rank)) * bytes(b);
   }
@@ -353,7 +362,7 @@ class Columns {
   Transport& within_;
   std::size_t elem_;
   std::size_t chunk_elems_;
-  char* data_;
+  char* data_;  // an all-gather's buffer, every chunk in rank order
   char* staging_;
   std::size_t segment_bytes_;
   std::size_t lanes_;
@@ -385,26 +394,32 @@ void hierarchical_all_reduce(Transport& across, HostTier& tier, const Reducer& r
     return;
   }
   pipeline(
-      blocks.size(), [&](std::size_t b) { stages.reduce_within(at(b), blocks[b].count); },
+      blocks.size(), /*window=*/blocks.size(), [&](std::size_t b) { stages.reduce_within(at(b), blocks[b].count); },
       [&](std::size_t b) { stages.reduce_across(at(b), blocks[b].count); },
       [&](std::size_t b) { stages.gather_within(at(b), blocks[b].count); });
 }
 
+std::size_t hierarchical_staging_bytes(std::size_t chunk_elems, std::size_t elem_size, int world) {
+  const std::vector<Span> blocks = hierarchical_blocks(chunk_elems, elem_size, world);
+  return std::min(blocks.size(), kHierarchicalStagedBlocks) * blocks[0].count * static_cast<std::size_t>(world) *
+         elem_size;
+}
+
 void hierarchical_reduce_scatter(Transport& across, HostTier& tier, const Reducer& reducer, const void* source,
-                                 void* data, void* staging, std::size_t chunk_elems, std::size_t segment_bytes,
+                                 void* result, void* staging, std::size_t chunk_elems, std::size_t segment_bytes,
                                  std::size_t lanes, Compression compression) {
-  Columns columns(across, tier, chunk_elems, reducer.element_size(), data, staging, segment_bytes, lanes,
+  Columns columns(across, tier, chunk_elems, reducer.element_size(), /*data=*/nullptr, staging, segment_bytes, lanes,
                   Wire(compression, reducer, tier.layout.world()));
   const char* input = static_cast<const char*>(source);
   pipeline(
-      columns.blocks(),
+      columns.blocks(), kHierarchicalStagedBlocks,
       [&](std::size_t b) {
         columns.to_columns(b, input);
         columns.reduce_within(b, reducer);
       },
       [&](std::size_t b) {
         columns.reduce_across(b, reducer);
-        columns.mine_to_ranks(b);
+        columns.mine_to_result(b, static_cast<char*>(result));
       },
       [](std::size_t) {});
 }
@@ -413,7 +428,7 @@ void hierarchical_all_gather(Transport& across, HostTier& tier, std::size_t elem
                              std::size_t chunk_elems, std::size_t segment_bytes, std::size_t lanes) {
   Columns columns(across, tier, chunk_elems, elem, data, staging, segment_bytes, lanes);
   pipeline(
-      columns.blocks(), [](std::size_t) {},
+      columns.blocks(), kHierarchicalStagedBlocks, [](std::size_t) {},
       [&](std::size_t b) {
         columns.mine_to_columns(b);
         columns.gather_across(b);

@@ -27,6 +27,11 @@ struct HostTier {
 // the other, 321 ms in all; 16 MiB blocks gave 305 ms, 4 MiB blocks 295 (benchmarks/RESULTS.md).
 constexpr std::size_t kHierarchicalBlockBytes = 4 << 20;
 
+// Blocks of the reduce-scatter and all-gather in working memory at once: one crossing, one being
+// reduced (or gathered) inside the host, one beside them so neither waits for the other's slot.
+// Their working memory is these blocks whatever the buffer's size: 12 MiB.
+constexpr std::size_t kHierarchicalStagedBlocks = 3;
+
 // The default segment of the rings across hosts. Smaller than the pg transport's own 4 MiB: each
 // ring there has only H ranks, and each segment's reduction and forward wait for its whole
 // arrival, so large segments leave the link idle in between. At 64 MiB on 2 emulated hosts x 2 ranks
@@ -38,6 +43,10 @@ constexpr std::size_t kHierarchicalSegmentBytes = 512 << 10;
 // `parts` chunks of `numel`, the runs of a chunk that make a block together with the same run of
 // every other chunk (a reduce-scatter's or all-gather's).
 std::vector<Span> hierarchical_blocks(std::size_t numel, std::size_t elem_size, int parts = 1);
+
+// The working memory of a hierarchical reduce-scatter or all-gather of `world` chunks of
+// `chunk_elems`: kHierarchicalStagedBlocks blocks at most, whatever the chunks' size.
+std::size_t hierarchical_staging_bytes(std::size_t chunk_elems, std::size_t elem_size, int world);
 
 // Hierarchical all-reduce (as Horovod's and Open MPI HAN's): the buffer is cut into one shard per
 // rank of the widest host. Each host reduce-scatters the shards among its ranks, each rank then
@@ -64,17 +73,18 @@ void hierarchical_all_reduce(Transport& across, HostTier& tier, const Reducer& r
 // (HostLayout::column_position), each host reduce-scatters its k columns among its ranks, and then
 // the ranks of column j reduce-scatter it across hosts, each ending with its own chunk. Each host's
 // link carries (H-1)/H of the buffer against (N-1)/N in a flat ring, and a rank makes (k-1)+(H-1)
-// steps against N-1. Pipelined in blocks as the all-reduce. `source` (rank order, it may be `data`)
-// is only read; rank r's result lands in chunk r of `data`. `staging` is working memory of the
-// buffer's size, apart from both. A `compression` compresses the rings across hosts as the
-// all-reduce's (each value rounded once per host; the owner widens its final sum).
+// steps against N-1. Pipelined in blocks as the all-reduce. `source` (every rank's chunk, in rank
+// order) is only read; this rank's reduced chunk lands in `result` (chunk_elems elements). `staging`
+// is hierarchical_staging_bytes() of working memory, apart from both. A `compression` compresses the
+// rings across hosts as the all-reduce's (each value rounded once per host; the owner widens its
+// final sum).
 void hierarchical_reduce_scatter(Transport& across, HostTier& tier, const Reducer& reducer, const void* source,
-                                 void* data, void* staging, std::size_t chunk_elems, std::size_t segment_bytes,
+                                 void* result, void* staging, std::size_t chunk_elems, std::size_t segment_bytes,
                                  std::size_t lanes, Compression compression = Compression::None);
 
 // Hierarchical all-gather, the same in reverse: rank r's chunk r of `data` first crosses hosts in
 // its column's ring, then each host all-gathers its columns, and the chunks go back to rank order
-// in `data`. `staging` is working memory of the buffer's size, apart from `data`.
+// in `data`. `staging` is hierarchical_staging_bytes() of working memory, apart from `data`.
 void hierarchical_all_gather(Transport& across, HostTier& tier, std::size_t elem, void* data, void* staging,
                              std::size_t chunk_elems, std::size_t segment_bytes, std::size_t lanes);
 

@@ -256,6 +256,12 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("lines"), py::arg("source"),
           "Follow this table from now on (the group's agreed one; before its first collective).")
+      .def(
+          "working_bytes",
+          [](Communicator& communicator) {
+            return communicator.host_working_bytes() + caller_working_bytes(communicator);
+          },
+          "host memory this communicator keeps between calls as working memory, in bytes")
       .def("auto_learns", &Communicator::auto_learns, py::arg("bytes"),
            "whether algorithm='auto' learns the algorithm of an all-reduce of `bytes` here (else a table or the prior "
            "decides)")

@@ -316,6 +316,13 @@ at::Tensor share(const at::Tensor& buffer, int rank, const at::Tensor& like) {
   return buffer.reshape({-1}).narrow(0, rank * like.numel(), like.numel()).view(like.sizes());
 }
 
+// Whether the memory of two contiguous tensors overlaps.
+bool overlap(const at::Tensor& a, const at::Tensor& b) {
+  const auto* a_first = static_cast<const char*>(a.data_ptr());
+  const auto* b_first = static_cast<const char*>(b.data_ptr());
+  return a_first < b_first + b.nbytes() && b_first < a_first + a.nbytes();
+}
+
 // A working buffer like `like` that the communicator's calls share (they run one at a time, in
 // order): a 64 MiB buffer allocated afresh per call cost more in page faults than the collective.
 at::Tensor scratch_like(Communicator& communicator, const at::Tensor& like) {
@@ -435,6 +442,11 @@ void check_residual(const at::Tensor& residual, const at::Tensor& tensor, Reduce
 
 }  // namespace
 
+std::size_t caller_working_bytes(Communicator& communicator) {
+  const auto* held = static_cast<const at::Tensor*>(communicator.caller_state().get());
+  return held == nullptr ? 0 : held->nbytes();
+}
+
 Call all_reduce_call(Communicator& communicator, const at::Tensor& tensor, ReduceOp op, Algorithm algorithm,
                      std::size_t segment_bytes, int root, Compression compression,
                      const std::optional<at::Tensor>& residual) {
@@ -494,13 +506,27 @@ Call reduce_scatter_call(Communicator& communicator, const at::Tensor& output, c
         " and output ", output.numel(), " x ", output.scalar_type(), " on ", output.device()));
   }
   // The input stays as it was. On the host the ring reads it where it is and reduces into working
-  // memory; on a device it reduces a copy. Rank r's chunk of the working memory is the output.
+  // memory; on a device it reduces a copy. Rank r's chunk of the working memory is the output. The
+  // hierarchical one on the host needs no such memory: it reads the input and writes the output.
   Call call;
+  const Algorithm chosen = chunked_algorithm(communicator, algorithm, "reduce_scatter_tensor");
+  const bool on_host = communicator.stream_context() == nullptr;
+  if (on_host && chosen == Algorithm::Hierarchical && input.is_contiguous() && output.is_contiguous() &&
+      !overlap(input, output)) {
+    call.args = {Collective::ReduceScatter, nullptr, static_cast<std::size_t>(input.numel()), dtype, op, chosen,
+                 segment_bytes, 0};
+    call.args.compression = compression;
+    call.args.input = input.data_ptr();
+    call.args.output = output.data_ptr();
+    call.reads = {input};
+    call.results = {output};
+    return call;
+  }
   const at::Tensor buffer = scratch_like(communicator, input);
   call.args = {Collective::ReduceScatter, buffer.data_ptr(), static_cast<std::size_t>(buffer.numel()), dtype, op,
-               chunked_algorithm(communicator, algorithm, "reduce_scatter_tensor"), segment_bytes, 0};
+               chosen, segment_bytes, 0};
   call.args.compression = compression;
-  if (communicator.stream_context() == nullptr && input.is_contiguous()) {
+  if (on_host && input.is_contiguous()) {
     call.args.input = input.data_ptr();
     call.reads = {input};
   } else {

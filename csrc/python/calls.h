@@ -48,6 +48,8 @@ Call reduce_scatter_call(Communicator& communicator, const at::Tensor& output, c
                          Algorithm algorithm, std::size_t segment_bytes, Compression compression = Compression::None);
 Call all_gather_call(Communicator& communicator, const at::Tensor& output, const at::Tensor& input,
                      Algorithm algorithm, std::size_t segment_bytes);
+// The working buffer the calls keep with `communicator` between calls (in bytes).
+std::size_t caller_working_bytes(Communicator& communicator);
 Call broadcast_call(Communicator& communicator, const at::Tensor& tensor, int root, std::size_t segment_bytes);
 // The root's tensor ends with the reduction; the others' are left as they were.
 Call reduce_call(Communicator& communicator, const at::Tensor& tensor, ReduceOp op, int root, std::size_t segment_bytes);
