@@ -57,6 +57,8 @@ UNCAUGHT_EXIT = EVERYTHING_OPEN + """
 print(time.time(), flush=True)
 if os.environ["HOW"] == "exception":
     raise RuntimeError("planted: the training loop failed")
+# Ctrl-C as in a terminal, also where the suite runs in the background (which starts SIGINT ignored).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 os.kill(os.getpid(), signal.SIGINT)
 time.sleep(30)
 """

@@ -2,6 +2,7 @@
 bound, synchronous rounds against synchronous SGD, bad input, and ranks that die."""
 
 import os
+import signal
 import time
 
 import pytest
@@ -334,6 +335,8 @@ def _interrupted_close_run(rank, world):
 
     server, params = _server(rank, lr=0.1)
     if rank == 0:
+        # Ctrl-C as in a terminal, also where the suite runs in the background (which starts SIGINT ignored).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         pressed = []
 
         def ctrl_c():
