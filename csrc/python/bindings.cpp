@@ -17,6 +17,7 @@
 #include "cpu/reducer.h"
 #include "engine/auto_choice.h"
 #include "engine/communicator.h"
+#include "engine/cost_model.h"
 #include "python/backend.h"
 #include "python/calls.h"
 #include "python/checked_calls.h"
@@ -387,6 +388,17 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "set_auto_logging", [](bool on) { set_auto_logger(on ? &debug_info : nullptr); }, py::arg("on"),
       "Says what auto chooses, and why, through ringreduce._debug (RINGREDUCE_DEBUG=INFO).");
+  m.def(
+      "all_reduce_cost_terms",
+      [](int algorithm, std::uint64_t bytes, const std::vector<int>& host_of_rank) {
+        const CostTerms t = all_reduce_cost_terms(checked_algorithm(algorithm), bytes, host_of_rank);
+        return py::dict(py::arg("link_messages") = t.link_messages, py::arg("link_bytes") = t.link_bytes,
+                        py::arg("local_messages") = t.local_messages, py::arg("local_bytes") = t.local_bytes,
+                        py::arg("reduced_bytes") = t.reduced_bytes);
+      },
+      py::arg("algorithm"), py::arg("bytes"), py::arg("host_of_rank"),
+      "The cost model's terms of an all-reduce (engine/cost_model.h) by algorithm code, rank r on host "
+      "host_of_rank[r].");
   m.def(
       "choose_algorithm",
       [](const std::string& transport, int world, std::uint64_t bytes, bool host_memory, bool spans_hosts) {

@@ -9,7 +9,9 @@ hierarchical one compressed to bf16 and fp16 between hosts (all_reduce also int8
 keeping its rounding errors for error feedback), each with its error against a float64 reference.
 Beside them, the bounds the link sets: each host's link carries 2(N-1)/N of the buffer in a flat
 all-reduce of N ranks, 2(H-1)/H in a hierarchical one, half that in 16 bits and about a quarter in
-int8; a reduce-scatter or all-gather half as much.
+int8; a reduce-scatter or all-gather half as much. For all_reduce, the cost model
+(ringreduce/bench/model.py) fitted to the run's ring, hierarchical and doubling rows, and each
+row's prediction beside its measurement.
 """
 
 import json
@@ -17,6 +19,7 @@ import re
 import subprocess
 import sys
 
+from ringreduce.bench import model
 from ringreduce.bench.hosts import EmulatedHosts, available, in_order
 from ringreduce.bench.report import human_bytes
 
@@ -158,9 +161,15 @@ def main(args, sizes):
     counts = parse_layout(args.hosts)
     records = run(counts, args.link, sizes, collective=args.collective)
     print_table(records, counts, args.link, args.collective)
+    rates = None
+    points = model.observations(records, counts) if args.collective == "all_reduce" else []
+    if points:
+        rates = model.fit(points)
+        sys.stdout.write("# the cost model (ringreduce/bench/model.py) fitted to this run's rows\n")
+        model.print_fit(rates, points)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"hosts": counts, "link": args.link, "collective": args.collective, "records": records}, f,
-                      indent=1)
+            json.dump({"hosts": counts, "link": args.link, "collective": args.collective, "records": records,
+                       "model_rates": rates}, f, indent=1)
     if args.plot:
         plot(records, counts, args.link, args.plot, args.collective)

@@ -1,0 +1,120 @@
+#include "engine/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "algorithms/schedule.h"
+#include "core/common.h"
+
+namespace ringreduce {
+namespace {
+
+// Recursive doubling's phases as every rank sees them at once: the hand-over, the exchanges at
+// distance 1, 2, 4, ..., the hand-back (doubling_schedule). Per phase, the bytes leaving the
+// busiest host, summed over the phases, and the phases themselves.
+void add_doubling(CostTerms& terms, double bytes, const std::vector<int>& host_of) {
+  const int world = static_cast<int>(host_of.size());
+  std::vector<std::vector<std::pair<int, int>>> phases;  // (sender, receiver) of each phase
+  int span = 1;
+  while (span * 2 <= world) span *= 2;
+  std::vector<std::pair<int, int>> over;
+  std::vector<std::pair<int, int>> back;
+  for (int rank = span; rank < world; ++rank) {
+    over.emplace_back(rank, rank - span);
+    back.emplace_back(rank - span, rank);
+  }
+  if (!over.empty()) phases.push_back(over);
+  for (int distance = 1; distance < span; distance *= 2) {
+    std::vector<std::pair<int, int>> exchange;
+    for (int rank = 0; rank < span; ++rank) exchange.emplace_back(rank, rank ^ distance);
+    phases.push_back(exchange);
+  }
+  if (!back.empty()) phases.push_back(back);
+  const int hosts = *std::max_element(host_of.begin(), host_of.end()) + 1;
+  for (const auto& phase : phases) {
+    std::vector<double> leaving(static_cast<std::size_t>(hosts), 0.0);
+    for (const auto& [from, to] : phase) {
+      if (host_of[from] != host_of[to]) leaving[host_of[from]] += bytes;
+    }
+    terms.link_messages += 1;
+    terms.link_bytes += *std::max_element(leaving.begin(), leaving.end());
+  }
+  terms.reduced_bytes += static_cast<double>(phases.size() - (back.empty() ? 0 : 1)) * bytes;
+}
+
+}  // namespace
+
+CostTerms all_reduce_cost_terms(Algorithm algorithm, std::uint64_t bytes, const std::vector<int>& host_of) {
+  RR_CHECK(!host_of.empty(), "the cost model needs at least one rank");
+  int hosts_seen = 0;
+  for (int host : host_of) {
+    RR_CHECK(host >= 0 && host <= hosts_seen, "hosts are numbered 0, 1, ... in the order of their first rank; got ",
+             host, " after ", hosts_seen, " hosts");
+    hosts_seen = std::max(hosts_seen, host + 1);
+  }
+  std::vector<double> ranks_on(static_cast<std::size_t>(hosts_seen), 0.0);
+  for (int host : host_of) ranks_on[host] += 1;
+  const double n = static_cast<double>(bytes);
+  const double world = static_cast<double>(host_of.size());
+  const double hosts = static_cast<double>(hosts_seen);
+  const double widest = *std::max_element(ranks_on.begin(), ranks_on.end());
+  const double narrowest = *std::min_element(ranks_on.begin(), ranks_on.end());
+  CostTerms terms;
+  if (algorithm != Algorithm::Doubling) {
+    terms.link_messages = static_cast<double>(doubling_schedule(static_cast<int>(world), 0).size());  // the check
+  }
+  switch (algorithm) {
+    case Algorithm::Ring: {
+      // 2(N-1) steps of a 1/N chunk; a host's link carries the streams of its ranks whose next
+      // rank is elsewhere (one, where a host's ranks are consecutive).
+      std::vector<double> leaving(ranks_on.size(), 0.0);
+      for (std::size_t r = 0; r < host_of.size(); ++r) {
+        if (host_of[r] != host_of[(r + 1) % host_of.size()]) leaving[host_of[r]] += 1;
+      }
+      terms.link_messages += 2 * (world - 1);
+      terms.link_bytes += 2 * (world - 1) / world * n * *std::max_element(leaving.begin(), leaving.end());
+      terms.reduced_bytes += (world - 1) / world * n;
+      break;
+    }
+    case Algorithm::Central:
+      // Rank 0 takes in every other buffer, then sends the sum back to each: its host's link
+      // carries the buffers of the ranks on other hosts, in and then out.
+      terms.link_messages += 2 * (world - 1);
+      terms.link_bytes += 2 * (world - ranks_on[host_of[0]]) * n;
+      terms.reduced_bytes += (world - 1) * n;
+      break;
+    case Algorithm::OneShot:
+      // Every rank sends its buffer to every other: the widest host's link carries its ranks' buffers
+      // to every rank elsewhere.
+      terms.link_messages += world - 1;
+      terms.link_bytes += widest * (world - widest) * n;
+      terms.reduced_bytes += (world - 1) * n;
+      break;
+    case Algorithm::Hierarchical: {
+      // Reduce-scatter inside each host into `widest` shards, one ring per shard across hosts (the
+      // host's link carries all of them), all-gather inside each host. A rank of the narrowest
+      // host holds the most shards.
+      const double shards_held = std::ceil(widest / narrowest);
+      terms.local_messages += 2 * (widest - 1);
+      terms.local_bytes += 2 * (widest - 1) / widest * n;
+      terms.link_messages += 2 * (hosts - 1);
+      terms.link_bytes += 2 * (hosts - 1) / hosts * n;
+      terms.reduced_bytes += (widest - 1) / widest * n + (hosts - 1) / hosts * shards_held / widest * n;
+      break;
+    }
+    case Algorithm::Doubling:
+      add_doubling(terms, n, host_of);
+      break;
+    case Algorithm::Auto:
+      RR_CHECK(false, "the cost model prices an algorithm, not auto");
+  }
+  return terms;
+}
+
+double predicted_seconds(const CostTerms& terms, const CostRates& rates) {
+  return terms.link_messages * rates.link_latency_s + terms.link_bytes * rates.link_s_per_byte +
+         terms.local_messages * rates.local_latency_s + terms.local_bytes * rates.local_s_per_byte +
+         terms.reduced_bytes * rates.reduce_s_per_byte;
+}
+
+}  // namespace ringreduce
