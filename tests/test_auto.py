@@ -515,3 +515,18 @@ def _deterministic_auto(rank, world):
 
 def test_under_deterministic_algorithms_auto_keeps_one_algorithm_per_size():
     assert run_ranks(2, _deterministic_auto) == [{}, {}], "auto must not learn (and switch) here"
+
+
+def test_across_hosts_the_cost_model_sets_the_prior_and_leaves_out_the_hopeless_candidates():
+    """16 hosts of one rank: at 4 KiB the model prices the ring's 34 rounds at about 8x doubling's 4,
+    so the ring is never tried, and doubling is the prior; at 16 MiB only the ring is left (doubling
+    is not tried above 1 MiB, and the model prices central's 15 buffers through rank 0's link at
+    13x the ring). The flat group of the same size still tries every candidate."""
+    spans = _C._testing.AutoLearnerProbe("pg", 16, True, False, True, list(range(16)))
+    times = {"central": 8_000_000, "one_shot": 7_000_000, "doubling": 5_000_000, "ring": 40_000_000}
+    small = _calls(spans, 4096, 3 + 3 * 5 + 1, times)
+    assert [a for a, _ in small[:3]] == ["central", "one_shot", "doubling"], small[:3]  # one warm-up call each
+    assert small[-1] == ("doubling", False)
+    assert {a for a, _ in _calls(spans, 16 << 20, 1 + 2 + 1, times)} == {"ring"}
+    flat = _C._testing.AutoLearnerProbe("pg", 16, True)
+    assert [a for a, _ in _calls(flat, 4096, 3, times)] == ["ring", "central", "one_shot"]

@@ -136,25 +136,59 @@ Algorithm choose_algorithm(const AutoTable& table, const std::string& transport,
   return algorithm;
 }
 
-AutoLearner::AutoLearner(std::string transport, int world, bool host_memory, bool hierarchy, bool spans_hosts)
+AutoLearner::AutoLearner(std::string transport, int world, bool host_memory, bool hierarchy, bool spans_hosts,
+                         std::vector<int> host_of_rank)
     : transport_(std::move(transport)),
       world_(world),
       host_memory_(host_memory),
       hierarchy_(hierarchy),
-      spans_hosts_(spans_hosts) {}
+      spans_hosts_(spans_hosts),
+      host_of_rank_(std::move(host_of_rank)) {}
 
-AutoLearner::Tried AutoLearner::candidates(std::uint64_t bytes) const {
-  Tried tried;
+const AutoLearner::Tried& AutoLearner::candidates(std::uint64_t bytes) {
+  SizeClass& size = size_class(bytes);
+  if (!size.priced) price(size, bytes);
+  return size.tried;
+}
+
+void AutoLearner::price(SizeClass& size, std::uint64_t bytes) {
+  const std::uint64_t floor = class_floor(bytes);
+  Tried& tried = size.tried;
+  tried.count = 0;
   for (const Algorithm candidate : kCandidates) {
-    if (candidate == Algorithm::OneShot && !(host_memory_ && class_floor(bytes) < kOneShotCandidateBytes)) continue;
+    if (candidate == Algorithm::OneShot && !(host_memory_ && floor < kOneShotCandidateBytes)) continue;
     if (candidate == Algorithm::Hierarchical && !hierarchy_) continue;
-    if (candidate == Algorithm::Doubling &&
-        !(host_memory_ && spans_hosts_ && class_floor(bytes) < kDoublingCandidateBytes)) {
+    if (candidate == Algorithm::Doubling && !(host_memory_ && spans_hosts_ && floor < kDoublingCandidateBytes)) {
       continue;
     }
     tried.list[tried.count++] = candidate;
   }
-  return tried;
+  size.prior = prior_algorithm(bytes, host_memory_, hierarchy_, spans_hosts_);
+  size.priced = true;
+  if (host_of_rank_.empty()) return;
+  // Priced at the class's smallest size, so that the class is priced alike whichever call comes first.
+  std::array<double, kCandidates.size()> seconds{};
+  for (std::size_t i = 0; i < tried.count; ++i) {
+    seconds[i] = predicted_seconds(all_reduce_cost_terms(tried.list[i], std::max<std::uint64_t>(floor, 1),
+                                                         host_of_rank_), kAcrossHostsRates);
+  }
+  const double cheapest = *std::min_element(seconds.begin(), seconds.begin() + tried.count);
+  std::string priced;
+  const Tried all = tried;
+  tried.count = 0;
+  for (std::size_t i = 0; i < all.count; ++i) {
+    priced += detail::concat(i ? ", " : "", algorithm_name(all.list[i]), " ", static_cast<long long>(seconds[i] * 1e5 + 0.5) / 100.0, " ms");
+    if (seconds[i] == cheapest) size.prior = all.list[i];
+    if (seconds[i] <= cheapest * kAutoModelTryFactor) tried.list[tried.count++] = all.list[i];
+  }
+  if (const AutoLogger log = auto_logger()) {
+    std::string names;
+    for (std::size_t i = 0; i < tried.count; ++i) names += detail::concat(i ? ", " : "", algorithm_name(tried.list[i]));
+    log(detail::concat("auto on ", transport_, " with ", world_, " ranks across hosts, from ", floor,
+                       " B: the cost model prices ", priced, " (rates of 2 Gbit/s emulated hosts); starts from ",
+                       algorithm_name(size.prior), " and tries ", names, " (those within ", kAutoModelTryFactor,
+                       "x of the cheapest)"));
+  }
 }
 
 AutoLearner::SizeClass& AutoLearner::size_class(std::uint64_t bytes) {
@@ -172,11 +206,11 @@ void AutoLearner::start_round(SizeClass& size) {
 }
 
 AutoLearner::Pick AutoLearner::pick(std::uint64_t bytes) {
+  const Tried& tried = candidates(bytes);
   SizeClass& size = size_class(bytes);
-  const Tried tried = candidates(bytes);
   const int count = static_cast<int>(tried.count);
   if (!size.decided && !size.exploring) {
-    size.chosen = prior_algorithm(bytes, host_memory_, hierarchy_, spans_hosts_);
+    size.chosen = size.prior;
     size.exploring = true;  // the class's first call
     size.calls = first_round_calls(bytes);
     size.trial = -count;
@@ -198,8 +232,8 @@ bool AutoLearner::record(std::uint64_t bytes, std::int64_t nanoseconds) {
 }
 
 void AutoLearner::decide(std::uint64_t bytes) {
+  const Tried& tried = candidates(bytes);
   SizeClass& size = size_class(bytes);
-  const Tried tried = candidates(bytes);
   const std::size_t count = tried.count;
   const int calls = size.calls;
   std::vector<std::int64_t> typical(count);  // each candidate's mean call on the slowest rank

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/header.h"
+#include "engine/cost_model.h"
 
 namespace ringreduce {
 
@@ -64,7 +65,8 @@ constexpr std::uint64_t kOneShotPriorBytes = 64 * 1024;
 // central's 8-11, benchmarks/RESULTS.md); above them the algorithm that moves the fewest bytes over
 // the slowest links: across hosts (`hierarchy`: a group over several hosts, some with several
 // ranks) the hierarchical one, whose host links carry 2(H-1)/H of the buffer for H hosts instead of
-// the flat ring's 2(N-1)/N; else the ring (one-shot and doubling do not run on a device).
+// the flat ring's 2(N-1)/N; else the ring (one-shot and doubling do not run on a device). A learner
+// of a group across hosts on host memory starts from the cost model's cheapest instead.
 Algorithm prior_algorithm(std::uint64_t bytes, bool host_memory, bool hierarchy = false, bool spans_hosts = false);
 
 // Whether the table has lines for `transport` (then they fix the choice there).
@@ -131,6 +133,20 @@ constexpr std::uint64_t kOneShotCandidateBytes = 1024 * 1024;
 // away from the sizes where moving 2(N-1)/N of the buffer (ring, hierarchical) wins.
 constexpr std::uint64_t kDoublingCandidateBytes = kOneShotCandidateBytes;
 
+// The rates auto prices the candidates at on a group that spans hosts (engine/cost_model.h): fitted
+// to 16 emulated hosts x 1 rank and 8 x 2 at 2 Gbit/s, all-reduces of 4 KiB-16 MiB, on the 2-core
+// machine (benchmarks/RESULTS.md, 2026-12-06; every row within 0.75-1.21 of the model). A real
+// network's differ; they only rank the candidates and leave out the hopeless ones. The shared-memory
+// step's 4.45 ms is 16 ranks waiting for 2 cores (2 ranks take microseconds): it makes only the
+// hierarchical one dearer, at small sizes, where doubling's few rounds win.
+constexpr CostRates kAcrossHostsRates{1.20e-3, 3.85e-9, 4.45e-3, 4.50e-9, 5.86e-9};
+// On a group that spans hosts, a candidate the model prices this many times the cheapest one is not
+// tried: across hosts an exploring call of the wrong algorithm costs the most (at 4 KiB on 16 hosts
+// the ring took 49 ms against doubling's 5.4, the model 41 against 4.9), and the model's errors
+// measured stay within a factor 1.3 either way, so 4 leaves out only what no measurement there
+// would have chosen.
+constexpr double kAutoModelTryFactor = 4.0;
+
 // The online choice of one communicator. Pure bookkeeping: the communicator times the calls and
 // hands over the group's slowest times; every rank holds the same counts and the same times, so
 // every rank reaches the same choice for the same call (the call header carries it, and a rank that
@@ -146,7 +162,11 @@ class AutoLearner {
   // tried): this rank's, then (after the all-reduce) the slowest rank's.
   using Times = std::array<std::int64_t, kCandidates.size()>;
 
-  AutoLearner(std::string transport, int world, bool host_memory, bool hierarchy = false, bool spans_hosts = false);
+  // `host_of_rank` (rank r's host, hosts numbered by their first rank), where the group spans hosts
+  // on host memory: then the cost model sets each size class's prior and leaves out the candidates
+  // it prices kAutoModelTryFactor times the cheapest.
+  AutoLearner(std::string transport, int world, bool host_memory, bool hierarchy = false, bool spans_hosts = false,
+              std::vector<int> host_of_rank = {});
 
   struct Pick {
     Algorithm algorithm = Algorithm::Ring;
@@ -167,8 +187,16 @@ class AutoLearner {
   std::vector<std::pair<std::uint64_t, Algorithm>> choices() const;
 
  private:
+  // The candidates tried at `bytes`, in kCandidates' order: the first `count` of `list`.
+  struct Tried {
+    std::array<Algorithm, kCandidates.size()> list{};
+    std::size_t count = 0;
+  };
   struct SizeClass {
     Algorithm chosen = Algorithm::Ring;
+    bool priced = false;  // `tried` and `prior` are set (at the class's first call)
+    Tried tried;
+    Algorithm prior = Algorithm::Ring;
     bool decided = false;
     bool exploring = false;
     // The exploring call next picked: from 0, each candidate's `calls` timed calls in a row; the
@@ -183,18 +211,17 @@ class AutoLearner {
   static void start_round(SizeClass& size);
   SizeClass& size_class(std::uint64_t bytes);
   static int first_round_calls(std::uint64_t bytes);
-  // The candidates tried at `bytes`, in kCandidates' order: the first `count` of `list`.
-  struct Tried {
-    std::array<Algorithm, kCandidates.size()> list{};
-    std::size_t count = 0;
-  };
-  Tried candidates(std::uint64_t bytes) const;
+  // The class of `bytes`'s candidates, chosen at its first call: the same on every rank.
+  const Tried& candidates(std::uint64_t bytes);
+  // Sets the class's candidates and prior: the rules by size, then the cost model where it prices.
+  void price(SizeClass& size, std::uint64_t bytes);
 
   std::string transport_;
   int world_;
   bool host_memory_;
   bool hierarchy_;
   bool spans_hosts_;
+  std::vector<int> host_of_rank_;  // empty: no cost model
   std::array<SizeClass, 65> classes_;  // by bit width of the size: 0 B, 1 B, 2-3 B, 4-7 B, ...
 };
 

@@ -127,8 +127,12 @@ AutoLearner::Pick Communicator::resolve_auto(std::uint64_t bytes) {
   if (!auto_learns(bytes)) {
     return {fixed_auto(bytes), false};
   }
-  if (!learner_) learner_ = std::make_unique<AutoLearner>(transport_name(), size(), host_memory, has_hierarchy(),
-                                                         spans_hosts());
+  if (!learner_) {
+    std::vector<int> host_of_rank;  // where the group spans hosts: the cost model prices the candidates
+    for (int rank = 0; spans_hosts() && rank < size(); ++rank) host_of_rank.push_back(hosts_->layout.host_of(rank));
+    learner_ = std::make_unique<AutoLearner>(transport_name(), size(), host_memory, has_hierarchy(), spans_hosts(),
+                                             std::move(host_of_rank));
+  }
   return learner_->pick(bytes);
 }
 

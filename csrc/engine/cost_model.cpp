@@ -77,16 +77,17 @@ CostTerms all_reduce_cost_terms(Algorithm algorithm, std::uint64_t bytes, const 
       break;
     }
     case Algorithm::Central:
-      // Rank 0 takes in every other buffer, then sends the sum back to each: its host's link
-      // carries the buffers of the ranks on other hosts, in and then out.
-      terms.link_messages += 2 * (world - 1);
+      // Rank 0 takes in every other buffer, then sends the sum back to each: two rounds (its
+      // messages to and from different ranks overlap), and its host's link carries the buffers of
+      // the ranks on other hosts, in and then out.
+      terms.link_messages += 2;
       terms.link_bytes += 2 * (world - ranks_on[host_of[0]]) * n;
       terms.reduced_bytes += (world - 1) * n;
       break;
     case Algorithm::OneShot:
-      // Every rank sends its buffer to every other: the widest host's link carries its ranks' buffers
-      // to every rank elsewhere.
-      terms.link_messages += world - 1;
+      // Every rank sends its buffer to every other at once: one round, and the widest host's link
+      // carries its ranks' buffers to every rank elsewhere.
+      terms.link_messages += 1;
       terms.link_bytes += widest * (world - widest) * n;
       terms.reduced_bytes += (world - 1) * n;
       break;

@@ -4,6 +4,7 @@
 
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "core/common.h"
 #include "engine/auto_choice.h"
@@ -17,6 +18,9 @@ void bind_auto_learner_probe(py::module_& m) {
                           "auto's learner on its own: pick() says what the next call of `bytes` would run; "
                           "time() hands it that call's time (in place of the group's) and decides at the end of a round.")
       .def(py::init<std::string, int, bool>(), py::arg("transport"), py::arg("world"), py::arg("host_memory"))
+      .def(py::init<std::string, int, bool, bool, bool, std::vector<int>>(), py::arg("transport"), py::arg("world"),
+           py::arg("host_memory"), py::arg("hierarchy"), py::arg("spans_hosts"), py::arg("host_of_rank"),
+           "A learner of a group across hosts: rank r on host host_of_rank[r].")
       .def("pick",
            [](AutoLearner& learner, std::uint64_t bytes) {
              const AutoLearner::Pick pick = learner.pick(bytes);
