@@ -3,8 +3,8 @@
 H hosts of k ranks on this machine (ringreduce/bench/hosts.py), each host's link limited to
 --link. Every size times, in one run, trial by trial: torch.distributed's collective on gloo,
 ringreduce's flat ring (every rank on gloo's pairs), the hierarchical one (shared memory inside
-each host, gloo across), for all_reduce recursive doubling (through each host's first rank where
-hosts have several ranks) and auto, and for all_reduce and reduce_scatter the
+each host, gloo across), for all_reduce recursive doubling (flat: every rank on gloo's pairs) and
+auto, and for all_reduce and reduce_scatter the
 hierarchical one compressed to bf16 and fp16 between hosts (all_reduce also int8, with and without
 keeping its rounding errors for error feedback), each with its error against a float64 reference.
 Beside them, the bounds the link sets: each host's link carries 2(N-1)/N of the buffer in a flat
