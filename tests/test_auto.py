@@ -530,3 +530,25 @@ def test_across_hosts_the_cost_model_sets_the_prior_and_leaves_out_the_hopeless_
     assert {a for a, _ in _calls(spans, 16 << 20, 1 + 2 + 1, times)} == {"ring"}
     flat = _C._testing.AutoLearnerProbe("pg", 16, True)
     assert [a for a, _ in _calls(flat, 4096, 3, times)] == ["ring", "central", "one_shot"]
+
+
+def test_across_hosts_the_learner_refits_the_rates_to_its_rounds_and_prices_new_classes_with_them():
+    """Calls timed as on a network whose rounds take 12 us, a hundredth of the emulated hosts' (the
+    same bytes): after the 4 KiB class's rounds the fitted round is within 20% of that, and the 8 KiB
+    class tries the ring (priced near doubling there), which the emulated hosts' rates leave out."""
+    from ringreduce.bench import model
+
+    counts = [1] * 16
+    fast = {"link_latency_s": 12e-6, "link_s_per_byte": 3.85e-9, "local_latency_s": 4.45e-3,
+            "local_s_per_byte": 4.5e-9, "reduce_s_per_byte": 5.86e-9}
+    times = {a: round(model.predict(fast, a, 4096, counts) * 1e9) for a in ("ring", "central", "one_shot", "doubling")}
+    learner = _C._testing.AutoLearnerProbe("pg", 16, True, False, True, list(range(16)))
+    for _ in range(10_000):  # until the 4 KiB class has decided
+        (_, exploring), = _calls(learner, 4096, 1, times)
+        if not exploring:
+            break
+    assert not exploring
+    assert learner.rates()[0] == pytest.approx(12e-6, rel=0.2), learner.rates()
+    assert [a for a, _ in _calls(learner, 8192, 4, times)][:3] == ["ring", "one_shot", "doubling"]
+    unmeasured = _C._testing.AutoLearnerProbe("pg", 16, True, False, True, list(range(16)))
+    assert [a for a, _ in _calls(unmeasured, 8192, 3, times)] == ["central", "one_shot", "doubling"]

@@ -151,6 +151,31 @@ const AutoLearner::Tried& AutoLearner::candidates(std::uint64_t bytes) {
   return size.tried;
 }
 
+std::string AutoLearner::rates_text() const {
+  const std::string rates =
+      detail::concat("a link round ", static_cast<long long>(rates_.link_latency_s * 1e7 + 0.5) / 10.0, " us, ",
+                     static_cast<long long>(rates_.link_s_per_byte * 1e12 + 0.5) / 1000.0, " ns/B on the link, ",
+                     static_cast<long long>(rates_.reduce_s_per_byte * 1e12 + 0.5) / 1000.0, " ns/B reduced");
+  return observed_.empty() ? detail::concat("rates of 2 Gbit/s emulated hosts: ", rates)
+                           : detail::concat("rates fitted to ", observed_.size(), " measured calls: ", rates);
+}
+
+void AutoLearner::measure_rates(const SizeClass& size, const Tried& tried, const std::vector<std::int64_t>& typical) {
+  const std::uint64_t mean_bytes = size.timed_bytes / static_cast<std::uint64_t>(size.calls * tried.count);
+  for (std::size_t i = 0; i < tried.count; ++i) {
+    observed_.push_back({all_reduce_cost_terms(tried.list[i], mean_bytes, host_of_rank_),
+                         static_cast<double>(typical[i]) * 1e-9});
+  }
+  if (observed_.size() > kAutoModelObservations) {
+    observed_.erase(observed_.begin(), observed_.end() - static_cast<std::ptrdiff_t>(kAutoModelObservations));
+  }
+  rates_ = fit_cost_rates(observed_, kAcrossHostsRates, kAutoModelPriorWeight);
+  if (const AutoLogger log = auto_logger()) {
+    log(detail::concat("auto on ", transport_, " with ", world_, " ranks across hosts: ", rates_text(),
+                       " (the size classes priced from now on)"));
+  }
+}
+
 void AutoLearner::price(SizeClass& size, std::uint64_t bytes) {
   const std::uint64_t floor = class_floor(bytes);
   Tried& tried = size.tried;
@@ -170,7 +195,7 @@ void AutoLearner::price(SizeClass& size, std::uint64_t bytes) {
   std::array<double, kCandidates.size()> seconds{};
   for (std::size_t i = 0; i < tried.count; ++i) {
     seconds[i] = predicted_seconds(all_reduce_cost_terms(tried.list[i], std::max<std::uint64_t>(floor, 1),
-                                                         host_of_rank_), kAcrossHostsRates);
+                                                         host_of_rank_), rates_);
   }
   const double cheapest = *std::min_element(seconds.begin(), seconds.begin() + tried.count);
   std::string priced;
@@ -185,7 +210,7 @@ void AutoLearner::price(SizeClass& size, std::uint64_t bytes) {
     std::string names;
     for (std::size_t i = 0; i < tried.count; ++i) names += detail::concat(i ? ", " : "", algorithm_name(tried.list[i]));
     log(detail::concat("auto on ", transport_, " with ", world_, " ranks across hosts, from ", floor,
-                       " B: the cost model prices ", priced, " (rates of 2 Gbit/s emulated hosts); starts from ",
+                       " B: the cost model prices ", priced, " (", rates_text(), "); starts from ",
                        algorithm_name(size.prior), " and tries ", names, " (those within ", kAutoModelTryFactor,
                        "x of the cheapest)"));
   }
@@ -203,6 +228,7 @@ int AutoLearner::first_round_calls(std::uint64_t bytes) {
 void AutoLearner::start_round(SizeClass& size) {
   size.trial = 0;
   size.times.fill(0);
+  size.timed_bytes = 0;
 }
 
 AutoLearner::Pick AutoLearner::pick(std::uint64_t bytes) {
@@ -227,7 +253,10 @@ AutoLearner::Pick AutoLearner::pick(std::uint64_t bytes) {
 
 bool AutoLearner::record(std::uint64_t bytes, std::int64_t nanoseconds) {
   SizeClass& size = size_class(bytes);
-  if (size.trial >= 0) size.times[static_cast<std::size_t>(size.trial / size.calls)] += nanoseconds;
+  if (size.trial >= 0) {
+    size.times[static_cast<std::size_t>(size.trial / size.calls)] += nanoseconds;
+    size.timed_bytes += bytes;
+  }
   return ++size.trial == static_cast<int>(candidates(bytes).count) * size.calls;
 }
 
@@ -253,6 +282,7 @@ void AutoLearner::decide(std::uint64_t bytes) {
     }
     return;
   }
+  if (!host_of_rank_.empty()) measure_rates(size, tried, typical);
   const std::size_t current = static_cast<std::size_t>(
       std::find(tried.list.begin(), tried.list.begin() + count, size.chosen) - tried.list.begin());
   const Algorithm before = size.chosen;

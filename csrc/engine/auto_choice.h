@@ -136,7 +136,8 @@ constexpr std::uint64_t kDoublingCandidateBytes = kOneShotCandidateBytes;
 // The rates auto prices the candidates at on a group that spans hosts (engine/cost_model.h): fitted
 // to 16 emulated hosts x 1 rank and 8 x 2 at 2 Gbit/s, all-reduces of 4 KiB-16 MiB, on the 2-core
 // machine (benchmarks/RESULTS.md, 2026-12-06; every row within 0.75-1.21 of the model). A real
-// network's differ; they only rank the candidates and leave out the hopeless ones. The shared-memory
+// network's differ: they price only the first size class, and the learner refits them to its own
+// rounds (kAutoModelPriorWeight) before it prices the next. The shared-memory
 // step's 4.45 ms is 16 ranks waiting for 2 cores (2 ranks take microseconds): it makes only the
 // hierarchical one dearer, at small sizes, where doubling's few rounds win.
 constexpr CostRates kAcrossHostsRates{1.20e-3, 3.85e-9, 4.45e-3, 4.50e-9, 5.86e-9};
@@ -146,6 +147,13 @@ constexpr CostRates kAcrossHostsRates{1.20e-3, 3.85e-9, 4.45e-3, 4.50e-9, 5.86e-
 // measured stay within a factor 1.3 either way, so 4 leaves out only what no measurement there
 // would have chosen.
 constexpr double kAutoModelTryFactor = 4.0;
+// The learner refits the rates to its own judged rounds (each candidate's mean call on the slowest
+// rank is one measured call), pulled toward kAcrossHostsRates with this weight per rate, in squared
+// relative error: a hundredth of one call's, so three calls measured outweigh it and a rate they say
+// nothing of (shared memory, on one rank per host) stays at its prior.
+constexpr double kAutoModelPriorWeight = 0.01;
+// The measured calls the refit keeps, the latest: about 20 rounds of three candidates.
+constexpr std::size_t kAutoModelObservations = 64;
 
 // The online choice of one communicator. Pure bookkeeping: the communicator times the calls and
 // hands over the group's slowest times; every rank holds the same counts and the same times, so
@@ -185,6 +193,8 @@ class AutoLearner {
   void decide(std::uint64_t bytes);
   // The choice of every decided size class, by the class's smallest size.
   std::vector<std::pair<std::uint64_t, Algorithm>> choices() const;
+  // The rates new size classes are priced at (kAcrossHostsRates until rounds were measured).
+  const CostRates& rates() const { return rates_; }
 
  private:
   // The candidates tried at `bytes`, in kCandidates' order: the first `count` of `list`.
@@ -207,6 +217,7 @@ class AutoLearner {
     std::uint64_t since_decided = 0;  // calls since the last decision
     bool beaten = false;               // `chosen` lost this exploration's first round
     Times times{};
+    std::uint64_t timed_bytes = 0;     // the bytes of the round's timed calls, summed
   };
   static void start_round(SizeClass& size);
   SizeClass& size_class(std::uint64_t bytes);
@@ -215,6 +226,10 @@ class AutoLearner {
   const Tried& candidates(std::uint64_t bytes);
   // Sets the class's candidates and prior: the rules by size, then the cost model where it prices.
   void price(SizeClass& size, std::uint64_t bytes);
+  // What the rates are and where they come from, for the log.
+  std::string rates_text() const;
+  // Adds a judged round's mean calls to what the rates are fitted to, and refits them.
+  void measure_rates(const SizeClass& size, const Tried& tried, const std::vector<std::int64_t>& typical);
 
   std::string transport_;
   int world_;
@@ -222,6 +237,8 @@ class AutoLearner {
   bool hierarchy_;
   bool spans_hosts_;
   std::vector<int> host_of_rank_;  // empty: no cost model
+  CostRates rates_ = kAcrossHostsRates;
+  std::vector<CostObservation> observed_;  // the latest kAutoModelObservations measured calls
   std::array<SizeClass, 65> classes_;  // by bit width of the size: 0 B, 1 B, 2-3 B, 4-7 B, ...
 };
 

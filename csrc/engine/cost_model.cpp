@@ -1,6 +1,7 @@
 #include "engine/cost_model.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "algorithms/schedule.h"
@@ -110,6 +111,87 @@ CostTerms all_reduce_cost_terms(Algorithm algorithm, std::uint64_t bytes, const 
       RR_CHECK(false, "the cost model prices an algorithm, not auto");
   }
   return terms;
+}
+
+namespace {
+
+constexpr std::size_t kRates = 5;
+using RateVector = std::array<double, kRates>;
+
+RateVector term_vector(const CostTerms& t) {
+  return {t.link_messages, t.link_bytes, t.local_messages, t.local_bytes, t.reduced_bytes};
+}
+RateVector rate_vector(const CostRates& r) {
+  return {r.link_latency_s, r.link_s_per_byte, r.local_latency_s, r.local_s_per_byte, r.reduce_s_per_byte};
+}
+
+// Solves the normal equations `matrix` x = `rhs` over the rates in `free` (Gaussian elimination with
+// partial pivoting); the others are 0.
+RateVector solve(const std::array<RateVector, kRates>& matrix, const RateVector& rhs,
+                 const std::array<bool, kRates>& free) {
+  std::vector<std::size_t> at;  // the free rates' places
+  for (std::size_t j = 0; j < kRates; ++j) {
+    if (free[j]) at.push_back(j);
+  }
+  const std::size_t n = at.size();
+  std::vector<std::vector<double>> a(n, std::vector<double>(n + 1));  // [sub-matrix | rhs]
+  for (std::size_t r = 0; r < n; ++r) {
+    for (std::size_t c = 0; c < n; ++c) a[r][c] = matrix[at[r]][at[c]];
+    a[r][n] = rhs[at[r]];
+  }
+  for (std::size_t col = 0; col < n; ++col) {
+    std::size_t pivot = col;
+    for (std::size_t r = col + 1; r < n; ++r) {
+      if (std::fabs(a[r][col]) > std::fabs(a[pivot][col])) pivot = r;
+    }
+    std::swap(a[col], a[pivot]);
+    for (std::size_t r = col + 1; r < n; ++r) {
+      const double factor = a[r][col] / a[col][col];
+      for (std::size_t c = col; c <= n; ++c) a[r][c] -= factor * a[col][c];
+    }
+  }
+  RateVector x{};
+  for (std::size_t col = n; col-- > 0;) {
+    double sum = a[col][n];
+    for (std::size_t c = col + 1; c < n; ++c) sum -= a[col][c] * x[at[c]];
+    x[at[col]] = sum / a[col][col];
+  }
+  return x;
+}
+
+}  // namespace
+
+CostRates fit_cost_rates(const std::vector<CostObservation>& observed, const CostRates& prior, double prior_weight) {
+  const RateVector scale = rate_vector(prior);
+  RR_CHECK(*std::min_element(scale.begin(), scale.end()) > 0 && prior_weight > 0,
+           "the cost model's fit needs positive prior rates and weight");
+  // In multiples of the prior: each column is the seconds a term contributes at the prior's rate.
+  std::array<RateVector, kRates> matrix{};
+  RateVector rhs{};
+  for (const CostObservation& seen : observed) {
+    if (!(seen.seconds > 0)) continue;
+    RateVector row = term_vector(seen.terms);
+    for (std::size_t j = 0; j < kRates; ++j) row[j] *= scale[j] / seen.seconds;
+    for (std::size_t j = 0; j < kRates; ++j) {
+      rhs[j] += row[j];
+      for (std::size_t k = 0; k < kRates; ++k) matrix[j][k] += row[j] * row[k];
+    }
+  }
+  for (std::size_t j = 0; j < kRates; ++j) {
+    matrix[j][j] += prior_weight;
+    rhs[j] += prior_weight;
+  }
+  std::array<bool, kRates> free;
+  free.fill(true);
+  RateVector multiple = solve(matrix, rhs, free);
+  for (std::size_t round = 0; round < kRates; ++round) {
+    const std::size_t lowest = static_cast<std::size_t>(std::min_element(multiple.begin(), multiple.end()) - multiple.begin());
+    if (multiple[lowest] >= 0) break;
+    free[lowest] = false;
+    multiple = solve(matrix, rhs, free);
+  }
+  return {multiple[0] * scale[0], multiple[1] * scale[1], multiple[2] * scale[2], multiple[3] * scale[3],
+          multiple[4] * scale[4]};
 }
 
 double predicted_seconds(const CostTerms& terms, const CostRates& rates) {

@@ -42,4 +42,17 @@ CostTerms all_reduce_cost_terms(Algorithm algorithm, std::uint64_t bytes, const 
 // The terms priced at `rates`, in seconds.
 double predicted_seconds(const CostTerms& terms, const CostRates& rates);
 
+// A measured call: what its schedule does, and how long it took.
+struct CostObservation {
+  CostTerms terms;
+  double seconds = 0;
+};
+
+// The rates that best explain `observed`: least squares on each call's error relative to its time,
+// each rate measured as a multiple of its `prior` (which must be positive), with a pull of
+// `prior_weight` (in squared relative error) toward 1x on each, so that a rate the calls say nothing
+// of stays at its prior. No rate negative: a rate the solution makes negative is held at 0 and the
+// rest solved again.
+CostRates fit_cost_rates(const std::vector<CostObservation>& observed, const CostRates& prior, double prior_weight);
+
 }  // namespace ringreduce

@@ -27,6 +27,13 @@ void bind_auto_learner_probe(py::module_& m) {
              return std::make_tuple(std::string(algorithm_name(pick.algorithm)), pick.exploring);
            },
            py::arg("bytes"))
+      .def("rates",
+           [](const AutoLearner& learner) {
+             const CostRates& r = learner.rates();
+             return std::make_tuple(r.link_latency_s, r.link_s_per_byte, r.local_latency_s, r.local_s_per_byte,
+                                    r.reduce_s_per_byte);
+           },
+           "the rates new size classes are priced at: link round, link s/B, shared-memory step, its s/B, reduced s/B")
       .def("time",
            [](AutoLearner& learner, std::uint64_t bytes, std::int64_t nanoseconds) {
              if (learner.record(bytes, nanoseconds)) learner.decide(bytes);
