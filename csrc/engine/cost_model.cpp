@@ -10,37 +10,32 @@
 namespace ringreduce {
 namespace {
 
-// Recursive doubling's phases as every rank sees them at once: the hand-over, the exchanges at
-// distance 1, 2, 4, ..., the hand-back (doubling_schedule). Per phase, the bytes leaving the
-// busiest host, summed over the phases, and the phases themselves.
+// Recursive doubling (doubling_schedule), phase by phase: every rank's steps put in common phases
+// (the hand-over, the exchanges in order, the hand-back), and per phase the bytes leaving the
+// busiest host and whether it reduces. Rank 0 stands in the most phases: its steps are the critical path.
 void add_doubling(CostTerms& terms, double bytes, const std::vector<int>& host_of) {
   const int world = static_cast<int>(host_of.size());
-  std::vector<std::vector<std::pair<int, int>>> phases;  // (sender, receiver) of each phase
-  int span = 1;
-  while (span * 2 <= world) span *= 2;
-  std::vector<std::pair<int, int>> over;
-  std::vector<std::pair<int, int>> back;
-  for (int rank = span; rank < world; ++rank) {
-    over.emplace_back(rank, rank - span);
-    back.emplace_back(rank - span, rank);
-  }
-  if (!over.empty()) phases.push_back(over);
-  for (int distance = 1; distance < span; distance *= 2) {
-    std::vector<std::pair<int, int>> exchange;
-    for (int rank = 0; rank < span; ++rank) exchange.emplace_back(rank, rank ^ distance);
-    phases.push_back(exchange);
-  }
-  if (!back.empty()) phases.push_back(back);
+  const std::size_t phases = doubling_schedule(world, 0).size();
+  const bool handed_over = (world & (world - 1)) != 0;  // ranks above the largest power of two hand over
   const int hosts = *std::max_element(host_of.begin(), host_of.end()) + 1;
-  for (const auto& phase : phases) {
-    std::vector<double> leaving(static_cast<std::size_t>(hosts), 0.0);
-    for (const auto& [from, to] : phase) {
-      if (host_of[from] != host_of[to]) leaving[host_of[from]] += bytes;
+  std::vector<std::vector<double>> leaving(phases, std::vector<double>(static_cast<std::size_t>(hosts), 0.0));
+  std::vector<bool> reduces(phases, false);
+  for (int rank = 0; rank < world; ++rank) {
+    std::size_t exchanges = 0;
+    for (const DoublingStep& step : doubling_schedule(world, rank)) {
+      const bool first = step.role == DoublingRole::HandOver || step.role == DoublingRole::TakeOver;
+      const bool last = step.role == DoublingRole::HandBack || step.role == DoublingRole::TakeBack;
+      const std::size_t phase = first ? 0 : last ? phases - 1 : (handed_over ? 1 : 0) + exchanges++;
+      const bool sends = step.role != DoublingRole::TakeOver && step.role != DoublingRole::TakeBack;
+      if (sends && host_of[rank] != host_of[step.peer]) leaving[phase][host_of[rank]] += bytes;
+      if (step.role == DoublingRole::TakeOver || step.role == DoublingRole::Exchange) reduces[phase] = true;
     }
-    terms.link_messages += 1;
-    terms.link_bytes += *std::max_element(leaving.begin(), leaving.end());
   }
-  terms.reduced_bytes += static_cast<double>(phases.size() - (back.empty() ? 0 : 1)) * bytes;
+  for (std::size_t phase = 0; phase < phases; ++phase) {
+    terms.link_messages += 1;
+    terms.link_bytes += *std::max_element(leaving[phase].begin(), leaving[phase].end());
+    if (reduces[phase]) terms.reduced_bytes += bytes;
+  }
 }
 
 }  // namespace
