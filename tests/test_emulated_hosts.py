@@ -221,9 +221,13 @@ def test_the_hosts_bench_rows_compressed_links_beside_exact_ones():
     # Keeping the rounding errors changes neither the sum nor the bytes.
     assert record["rows"]["int8+fb"]["max_error"] == record["rows"]["int8"]["max_error"] > 0
     assert record["compressed_bounds_s"]["int8+fb"] == record["compressed_bounds_s"]["int8"]
+    # Every row's CPU time per call, user and system, of the 4 ranks together.
+    assert all(len(row["cpu_s"]) == 2 and min(row["cpu_s"]) >= 0 and sum(row["cpu_s"]) > 0
+               for row in record["rows"].values()), record["rows"]
     table = io.StringIO()
     across_hosts.print_table([record], [2, 2], "2gbit", out=table)
     assert "bf16 error vs float64 (max, RMS relative" in table.getvalue(), table.getvalue()
+    assert f"1M gloo {sum(record['rows']['gloo']['cpu_s']):.3f}, ring" in table.getvalue(), table.getvalue()
 
 
 # The scale run: 8 hosts x 2 ranks. Its group's loss bound is the default (10 s); a killed rank is

@@ -132,6 +132,31 @@ def test_every_wait_strategy_of_shm_gives_the_same_results(strategy):
     assert run_ranks(3, _under_wait_strategy, env={"RINGREDUCE_WAIT": strategy}) == [strategy] * 3
 
 
+def test_a_wait_stops_yielding_once_its_yields_hand_the_core_to_no_one():
+    """The default plan yields at most 1000 us, and at most 50 us of it in yields that hand the
+    core to no one (under 5 us each): those are polls, and a polling rank keeps the scheduler from
+    moving queued work to its core."""
+    from ringreduce._C import _testing
+
+    assert _testing.yield_phase_length(1000, 50, [1.0] * 100) == 50  # nothing else runnable: 50 polls
+    assert _testing.yield_phase_length(1000, 50, [100.0] * 100) == 10  # a peer runs each time: the whole 1000 us
+    assert _testing.yield_phase_length(1000, 50, [1.0, 100.0] * 100) == 20  # 10 turns of a peer, 10 polls
+    assert _testing.yield_phase_length(1000, 50, [4.9] * 20) == 11  # 10 polls of 4.9 us stay under 50 us
+    assert _testing.yield_phase_length(1000, 50, [5.0] * 300) == 200  # 5 us is a peer's turn
+    assert _testing.yield_phase_length(0, 0, [1.0]) == 1  # the sleep plan: nothing after the first
+
+
+def test_a_long_wait_between_two_shm_ranks_polls_at_most_the_plans_idle_yield():
+    """Two shm ranks as threads, with RINGREDUCE_WAIT unset: the receiver of words sent 20 ms and
+    0.2 ms apart spends at most 50 us (and one yield under 5 us) of each wait in yields that hand
+    its core to no one; the plan before this one polled the whole 1 ms."""
+    from ringreduce._C import _testing
+
+    assert "RINGREDUCE_WAIT" not in os.environ
+    idle = _testing.shm_idle_yield_per_wait([20_000.0] * 4 + [200.0] * 4)
+    assert len(idle) == 8 and all(0 <= us < 55 for us in idle), idle
+
+
 def _bad_wait_strategy(rank, world):
     with pytest.raises(ValueError, match="RINGREDUCE_WAIT='busy' is not a wait strategy"):
         ringreduce.all_reduce(torch.ones(3), transport="shm")

@@ -7,6 +7,7 @@
 #include "testing/cuda_probes.h"
 #include "testing/issue_window_probe.h"
 #include "testing/schedule_probes.h"
+#include "testing/shm_wait_probe.h"
 #include "testing/sim_controls.h"
 #include "testing/watchdog_probe.h"
 
@@ -21,6 +22,7 @@ void bind_testing(pybind11::module_& parent) {
   bind_auto_learner_probe(testing);
   bind_schedule_probes(testing);
   bind_counting_store(testing);
+  bind_shm_wait_probe(testing);
   testing.def(
       "arm_ring_all_gather_kill",
       [](int skip) { arm_kill_point(KillPoint::RingAllGather, skip); }, pybind11::arg("skip") = 0,

@@ -44,10 +44,17 @@ constexpr std::chrono::microseconds kSpinWhenCoresSuffice{50};
 // The default, while ranks do not outnumber the cores: poll this long first, which catches a peer
 // running on another core, ...
 constexpr std::chrono::microseconds kSpinBeforeYield{5};
-// ... then yield the core this long before sleeping: the peer waited for is often runnable on this
-// very core (4 ranks on 2 cores; or 2 ranks that the scheduler put on one), and a yield hands it
-// over without a futex wake-up. Measured in benchmarks/RESULTS.md ("Small messages and auto").
+// ... then yield the core at most this long before sleeping: the peer waited for is often runnable
+// on this very core (4 ranks on 2 cores; or 2 ranks that the scheduler put on one), and a yield
+// hands it over without a futex wake-up. Measured in benchmarks/RESULTS.md ("Small messages and
+// auto").
 constexpr std::chrono::microseconds kYieldBeforeSleep{1000};
+// ... but stop yielding once yields that handed the core to no one add up to this, as long as the
+// "spin" plan polls: a rank waiting for another host (hierarchical, 8 emulated hosts x 2 ranks on
+// 2 cores) otherwise polled through its 1 ms on a core where nothing else was queued, while work
+// queued on the other one: 16 MiB took 262 ms against 193 with this limit, gloo 207 and 188
+// (benchmarks/RESULTS.md, "Waiting without polling"); 2 and 4 ranks of one host lost nothing.
+constexpr std::chrono::microseconds kIdleYieldBeforeSleep = kSpinWhenCoresSuffice;
 // A sleeping rank wakes at least this often to check that its peers are alive and not aborted.
 constexpr std::chrono::milliseconds kLivenessPoll{100};
 
@@ -157,13 +164,25 @@ int usable_cores() {
 WaitPlan wait_plan(int world) {
   const char* text = std::getenv(kWaitEnv);
   const std::string name = text == nullptr ? "" : text;
-  if (name.empty()) return {world <= usable_cores() ? kSpinBeforeYield : std::chrono::microseconds(0), kYieldBeforeSleep};
-  if (name == "spin") return {kSpinWhenCoresSuffice, {}};
-  if (name == "yield") return {{}, kYieldBeforeSleep};
+  if (name.empty()) {
+    return {world <= usable_cores() ? kSpinBeforeYield : std::chrono::microseconds(0), kYieldBeforeSleep,
+            kIdleYieldBeforeSleep};
+  }
+  if (name == "spin") return {kSpinWhenCoresSuffice, {}, {}};
+  if (name == "yield") return {{}, kYieldBeforeSleep, kYieldBeforeSleep};
   if (name == "sleep") return {};
   throw std::invalid_argument(detail::concat("ringreduce: ", kWaitEnv, "='", name,
                                              "' is not a wait strategy; unset it or set spin, yield or sleep"));
 }
+
+}  // namespace
+
+bool YieldPhase::again(std::chrono::nanoseconds took, std::chrono::nanoseconds elapsed) {
+  if (took < kHandoverTime) idle_ += took;
+  return elapsed < plan_.yield && idle_ < plan_.idle_yield;
+}
+
+namespace {
 
 std::string random_token() {
   std::random_device device;
@@ -454,6 +473,27 @@ void ShmTransport::drive(Pull pull, Done done, int peer, bool sending) {
   }
 }
 
+template <typename Moved>
+bool ShmTransport::pass_time(Moved moved, std::chrono::steady_clock::time_point start) {
+  using Clock = std::chrono::steady_clock;
+  while (Clock::now() - start < wait_.spin) {
+    if (moved()) return true;
+    cpu_relax();
+  }
+  YieldPhase phase(wait_);
+  const auto yield_start = Clock::now();
+  bool again = wait_.yield.count() > 0;
+  while (again) {
+    if (moved()) break;
+    const auto before = Clock::now();
+    ::sched_yield();
+    const auto after = Clock::now();
+    again = phase.again(after - before, after - yield_start);
+  }
+  idle_yielded_ += phase.idle();
+  return moved();
+}
+
 void ShmTransport::idle(std::uint32_t doorbell_seen, const std::atomic<std::uint64_t>* watch, std::uint64_t watch_seen,
                         std::chrono::steady_clock::time_point deadline, const char* doing, int peer) {
   // An aborting peer rings our doorbell, which ends the wait below: look before waiting again, so
@@ -464,15 +504,7 @@ void ShmTransport::idle(std::uint32_t doorbell_seen, const std::atomic<std::uint
     return watch->load(std::memory_order_acquire) != watch_seen ||
            own->doorbell.load(std::memory_order_acquire) != doorbell_seen;
   };
-  const auto start = std::chrono::steady_clock::now();
-  while (std::chrono::steady_clock::now() - start < wait_.spin) {
-    if (moved()) return;
-    cpu_relax();
-  }
-  while (std::chrono::steady_clock::now() - start < wait_.spin + wait_.yield) {
-    if (moved()) return;
-    ::sched_yield();
-  }
+  if (pass_time(moved, std::chrono::steady_clock::now())) return;
   // Nothing came while spinning: sleep until a peer rings, checking on the peers now and then.
   own->sleeping.store(1, std::memory_order_seq_cst);
   if (own->doorbell.load(std::memory_order_seq_cst) == doorbell_seen) {

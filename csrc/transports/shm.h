@@ -37,12 +37,33 @@ constexpr std::size_t kShmChannelBytes = kShmSlots * (kShmSlotHeaderBytes + kShm
 
 // How a waiting rank passes the time before it sleeps on its futex: polling (spin), handing its
 // core to another runnable process (yield), or neither (sleep at once). RINGREDUCE_WAIT names one;
-// unset, a rank spins briefly, then yields, then sleeps (see shm.cpp for the measured times).
+// unset, a rank spins briefly, then yields while that hands its core to someone, then sleeps (see
+// shm.cpp for the measured times).
 struct WaitPlan {
   std::chrono::nanoseconds spin{0};
   std::chrono::nanoseconds yield{0};
+  // The yield phase also ends once yields that handed the core to no one add up to this: each of
+  // them is a poll, and a polling rank keeps the scheduler from moving work to its core.
+  std::chrono::nanoseconds idle_yield{0};
 };
 constexpr const char* kWaitEnv = "RINGREDUCE_WAIT";
+// A sched_yield that returns within this handed the core to no one (about 1-3 us here when nothing
+// else was runnable on it; another task's turn takes far longer).
+constexpr std::chrono::microseconds kHandoverTime{5};
+
+// One wait's yield phase under a plan: whether to yield again, yield by yield.
+class YieldPhase {
+ public:
+  explicit YieldPhase(const WaitPlan& plan) : plan_(plan) {}
+  // After a sched_yield that took `took`, `elapsed` into the phase.
+  bool again(std::chrono::nanoseconds took, std::chrono::nanoseconds elapsed);
+  // The time spent in yields that handed the core to no one.
+  std::chrono::nanoseconds idle() const { return idle_; }
+
+ private:
+  const WaitPlan& plan_;
+  std::chrono::nanoseconds idle_{0};
+};
 
 class ShmTransport final : public Transport {
  public:
@@ -54,6 +75,8 @@ class ShmTransport final : public Transport {
   int size() const override { return world_; }
   const char* name() const override { return "shm"; }
   std::size_t default_segment_bytes() const override { return kShmSlotBytes; }
+  // The time this rank has spent in yields that handed its core to no one, over its life.
+  std::chrono::nanoseconds idle_yielded() const { return idle_yielded_; }
 
   Request isend(int peer, const void* data, std::size_t bytes) override;
   Request irecv(int peer, void* data, std::size_t bytes) override;
@@ -106,6 +129,9 @@ class ShmTransport final : public Transport {
   // or aborted, or at the deadline.
   void idle(std::uint32_t doorbell_seen, const std::atomic<std::uint64_t>* watch, std::uint64_t watch_seen,
             std::chrono::steady_clock::time_point deadline, const char* doing, int peer);
+  // Spins, then yields, as the wait plan says: true once `moved()`, false when it is time to sleep.
+  template <typename Moved>
+  bool pass_time(Moved moved, std::chrono::steady_clock::time_point start);
   bool push_all_sends();
   void ring(int peer);
   [[noreturn]] void fail(const std::string& what);
@@ -120,6 +146,7 @@ class ShmTransport final : public Transport {
   int world_;
   std::chrono::milliseconds timeout_;
   WaitPlan wait_;
+  std::chrono::nanoseconds idle_yielded_{0};
   std::vector<std::unique_ptr<Segment>> segments_;  // by rank; segments_[rank_] is ours
   std::vector<std::deque<SendOp>> sends_;           // by destination, in posting order
   std::vector<std::deque<RecvOp>> recvs_;           // by source, in posting order

@@ -1,8 +1,10 @@
 """One rank of the benchmark across emulated hosts (ringreduce/bench/across_hosts.py), joined through
 env://. Times every row of the collective at every size, trial by trial with the rows in turn, and rank 0 prints the
-slowest rank's time per call of each row and trial as one line of JSON per size."""
+slowest rank's time per call of each row and trial, and the CPU time per call of every rank together (user,
+system: every thread of the process, gloo's included), as one line of JSON per size."""
 
 import json
+import resource
 import statistics
 import sys
 import time
@@ -133,21 +135,26 @@ def main():
         dist.all_reduce(probe, op=dist.ReduceOp.MAX)
         iters = [calls_for(nbytes, p.item(), options["row_seconds"], options["trials"]) for p in probe]
         times = torch.zeros(options["trials"], len(rows), dtype=torch.float64)
+        cpu = torch.zeros(len(rows), 2, dtype=torch.float64)  # this rank's user and system seconds per call
         for trial in range(options["trials"]):
             for step in range(len(rows)):
                 i = (step + trial) % len(rows)  # each trial starts one row later
                 dist.barrier()
-                begin = time.perf_counter()
+                begin, cpu_begin = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
                 for _ in range(iters[i]):
                     calls[rows[i]](buffers)
                 times[trial, i] = (time.perf_counter() - begin) / iters[i]
+                cpu_end = resource.getrusage(resource.RUSAGE_SELF)
+                used = [cpu_end.ru_utime - cpu_begin.ru_utime, cpu_end.ru_stime - cpu_begin.ru_stime]
+                cpu[i] += torch.tensor(used, dtype=torch.float64) / (iters[i] * options["trials"])
         dist.all_reduce(times, op=dist.ReduceOp.MAX)
+        dist.all_reduce(cpu)
         if rank == 0:
             record = {"bytes": nbytes, "rows": {}}
             for i, name in enumerate(rows):
                 column = times[:, i].tolist()
                 record["rows"][name] = {"median_s": statistics.median(column), "fastest_s": min(column),
-                                        "calls": iters[i]}
+                                        "calls": iters[i], "cpu_s": cpu[i].tolist()}
             if "auto" in rows:
                 record["rows"]["auto"]["ran"] = auto_ran(None, "cpu", nbytes)
         for name in (r for r in rows if r in COMPRESSED_ROWS):
