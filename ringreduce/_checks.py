@@ -8,7 +8,8 @@ _RED_OP = dist.ReduceOp.RedOpType
 # Engine codes (csrc/core/common.h, enum ReduceOp).
 OP_CODES = {_RED_OP.SUM: 0, _RED_OP.AVG: 1, _RED_OP.MIN: 2, _RED_OP.MAX: 3, _RED_OP.PRODUCT: 4}
 # Engine codes (csrc/core/common.h, enum Algorithm).
-ALGORITHM_CODES = {"ring": 0, "central": 1, "one_shot": 2, "hierarchical": 3, "doubling": 4, "auto": 5}
+ALGORITHM_CODES = {"ring": 0, "central": 1, "one_shot": 2, "hierarchical": 3, "doubling": 4, "halving_doubling": 5,
+                   "auto": 6}
 
 SUPPORTED_DTYPES = (
     torch.float32,
@@ -45,8 +46,8 @@ def op_code(op) -> int:
 def algorithm_code(algorithm) -> int:
     code = ALGORITHM_CODES.get(algorithm)
     if code is None:
-        raise ValueError(f"unknown algorithm {algorithm!r}; choose 'auto', 'ring', 'central', 'one_shot', 'hierarchical' "
-                         "or 'doubling'")
+        raise ValueError(f"unknown algorithm {algorithm!r}; choose 'auto', 'ring', 'central', 'one_shot', 'hierarchical', "
+                         "'doubling' or 'halving_doubling'")
     return code
 
 

@@ -6,7 +6,7 @@
 All-reduce (also coalesced), reduce-scatter and all-gather (tensor and list forms), broadcast,
 reduce and barrier run on ringreduce's engine; gather, scatter, all-to-all and send/recv go to a
 gloo backend on the same store (CUDA tensors: torch's NCCL backend). Every group made with ``new_group`` gets its own.
-``RINGREDUCE_ALGORITHM`` (auto, ring, central, one_shot, hierarchical or doubling) picks the all-reduce algorithm; auto by
+``RINGREDUCE_ALGORITHM`` (auto, ring, central, one_shot, hierarchical, doubling or halving_doubling) picks the all-reduce algorithm; auto by
 default (see ringreduce.tuning). ``RINGREDUCE_COMPRESS`` (bf16, fp16 or int8; none by default) sends float32 SUM and AVG
 all-reduces and reduce-scatters between hosts compressed (docs/compression.md); every rank must set the same.
 
@@ -70,7 +70,7 @@ def _create(store, rank, size, timeout, build_timeout_s=None):
     if algorithm == "hierarchical" and not cpu.has_hierarchy:
         raise ValueError(f"{ALGORITHM_ENV}=hierarchical needs ranks on several hosts with several ranks on some host; "
                          f"this group has {cpu.hosts or 'every rank on one host'}. Unset it, or choose ring, central, "
-                         "one_shot, doubling or auto")
+                         "one_shot, doubling, halving_doubling or auto")
     _debug.info_once(("backend", id(cpu)),
                      f"backend rank {rank}/{size}: CPU transport {cpu.transport} ({why}), all-reduce {algorithm}"
                      f"{f', {COMPRESS_ENV}={os.environ[COMPRESS_ENV]}' if compression else ''}; "

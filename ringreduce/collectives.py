@@ -43,8 +43,11 @@ def all_reduce(
             ``"ring"`` (reduce-scatter then all-gather), ``"central"`` (reduce at a root, then
             broadcast), ``"one_shot"`` (every rank reduces every rank's buffer; CPU tensors,
             small messages), ``"hierarchical"`` (shared memory inside each host, a ring of one rank
-            per host across; groups that span hosts) or ``"doubling"`` (recursive doubling: log2 N
-            steps, each with the whole buffer; CPU tensors, small messages across hosts). Give a fixed one for sums whose rounding is the
+            per host across; groups that span hosts), ``"doubling"`` (recursive doubling: log2 N
+            steps, each with the whole buffer; CPU tensors, small messages across hosts) or
+            ``"halving_doubling"`` (a reduce-scatter by recursive halving, an all-gather by doubling:
+            2 log2 N steps moving 2(N-1)/N of the buffer, as the ring does in 2(N-1); CPU tensors,
+            large messages across many hosts). Give a fixed one for sums whose rounding is the
             same from run to run.
         transport: None chooses automatically; see ``build_info()["transports"]``.
         segment_bytes: pipeline segment size; default ``RINGREDUCE_SEGMENT_BYTES`` or the engine's.

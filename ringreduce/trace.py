@@ -26,6 +26,7 @@ PHASES = {
     "central": ("reduce", "broadcast"),
     "one_shot": ("reduce", "copy"),
     "doubling": ("reduce", "copy"),
+    "halving_doubling": ("reduce-scatter", "all-gather"),
 }
 # Lanes of one communicator share a thread id block of this size in the merged trace.
 LANES_PER_COMMUNICATOR = 100

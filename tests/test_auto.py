@@ -131,7 +131,7 @@ def test_auto_on_local_ranks_matches_the_closed_form_at_every_size(world):
 
 
 def test_an_unknown_algorithm_names_the_choices():
-    with pytest.raises(ValueError, match="'auto', 'ring', 'central', 'one_shot', 'hierarchical' or 'doubling'"):
+    with pytest.raises(ValueError, match="'auto', 'ring', 'central', 'one_shot', 'hierarchical', 'doubling' or 'halving_doubling'"):
         ringreduce.all_reduce(torch.ones(3), algorithm="two_shot", group=ringreduce.LocalWorld(1).group(0))
 
 

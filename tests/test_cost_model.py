@@ -41,6 +41,22 @@ def test_doubling_takes_log_steps_and_counts_only_crossings(counts, crossing_byt
     assert t["reduced_bytes"] == (check_rounds(world) - (1 if world & (world - 1) else 0)) * N
 
 
+@pytest.mark.parametrize("counts, crossing_bytes", [
+    ([1] * 16, 2 * 15 / 16 * N),     # every exchange crosses: halves 1/2 ... 1/16, out and back
+    ([2] * 8, 2 * 2 * 7 / 16 * N),   # the exchange at distance 1 (half the buffer) stays inside a host
+    ([1] * 5, 2 * N + 2 * 3 / 4 * N),  # 5 ranks: the whole buffer handed over and back, and 4 ranks' halving
+])
+def test_halving_doubling_moves_what_the_ring_does_in_log_steps(counts, crossing_bytes):
+    world = sum(counts)
+    span = 1 << (world.bit_length() - 1)
+    steps = 2 * (span.bit_length() - 1)
+    t = model.terms("halving_doubling", N, counts)
+    assert t["link_messages"] == check_rounds(world) + steps + (2 if span < world else 0)
+    assert t["link_bytes"] == pytest.approx(crossing_bytes)
+    # The halves reduced add up to all but the rank's own chunk; a stand-in first adds a whole buffer.
+    assert t["reduced_bytes"] == pytest.approx((span - 1) / span * N + (N if span < world else 0))
+
+
 def test_hierarchical_crosses_hosts_in_a_ring_of_hosts_and_reduces_inside_in_shared_memory():
     t = model.terms("hierarchical", N, [4, 4, 4])
     assert t["link_messages"] == check_rounds(12) + 2 * 2

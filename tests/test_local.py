@@ -19,15 +19,15 @@ def world_of(size):
     return _worlds[size]
 
 
-ALGORITHMS = ["ring", "central", "one_shot", "doubling", "auto"]
+ALGORITHMS = ["ring", "central", "one_shot", "doubling", "halving_doubling", "auto"]
 
 
 def counts_for(world, algorithm="ring"):
-    """Element counts from empty to many segments; one-shot and doubling, small-message algorithms, stop at 99,991.
+    """Element counts from empty to many segments; one-shot and the log-step algorithms stop at 99,991.
     (segment_for cuts every chunk into about five segments at any count, so the largest count only
     adds bytes: at 16 ranks a quarter of 1 Mi elements, which took half a minute per algorithm.)"""
     counts = {0, 1, max(world - 1, 0), world, 99_991}
-    small = algorithm in ("one_shot", "doubling")
+    small = algorithm in ("one_shot", "doubling", "halving_doubling")
     return sorted(counts if small else counts | {(1 << 20) if world <= 8 else 262_147})
 
 
@@ -36,7 +36,7 @@ def segment_for(numel, world, elem_size):
     return max(1, numel * elem_size // world // 5) + 3
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "central", "one_shot", "doubling"])
+@pytest.mark.parametrize("algorithm", ["ring", "central", "one_shot", "doubling", "halving_doubling"])
 @pytest.mark.parametrize("world", WORLDS)
 def test_every_dtype_and_op_matches_the_closed_form(world, algorithm):
     local = world_of(world)
@@ -172,7 +172,7 @@ def test_more_lanes_than_the_hub_keeps_apart_are_capped(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("algorithm", ["ring", "central", "one_shot", "doubling"])
+@pytest.mark.parametrize("algorithm", ["ring", "central", "one_shot", "doubling", "halving_doubling"])
 def test_nan_and_inf_propagate_as_ieee_says(dtype, algorithm):
     # Lengths that leave ragged tails after the 8- and 16-lane vector loops.
     world, numel = 3, 1003

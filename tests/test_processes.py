@@ -13,7 +13,7 @@ from reference import ALL_DTYPES, R, exact_inputs, ops_for, reference
 
 def _matrix(rank, world, transport):
     checks = 0
-    for algorithm in ("ring", "central", "one_shot", "doubling"):
+    for algorithm in ("ring", "central", "one_shot", "doubling", "halving_doubling"):
         for numel in sorted({0, 1, world - 1, world, 99_991}):
             for dtype in ALL_DTYPES:
                 for op in ops_for(dtype):

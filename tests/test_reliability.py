@@ -76,9 +76,10 @@ def _two_odd_ranks(rank, world, numel, algorithms):
 
 # (numel, algorithm of ranks 0-2, of ranks 3-4): the check on its own before a ring; inside a
 # doubling all-reduce, with all of it in the check's messages and with most of it after them; and
-# ranks 3 and 4 on another algorithm, whose check meets the doubling ranks' messages.
+# ranks 3 and 4 on another algorithm, whose check meets the doubling ranks' messages (halving-doubling
+# checks the call on its own first, as the ring does).
 ODD_CALLS = [(1000, ("ring", "ring")), (1000, ("doubling", "doubling")), (30_000, ("doubling", "doubling")),
-             (30_000, ("doubling", "ring"))]
+             (30_000, ("doubling", "ring")), (30_000, ("halving_doubling", "doubling"))]
 
 
 @pytest.mark.parametrize("numel, algorithms", ODD_CALLS)

@@ -116,43 +116,55 @@ def test_central_schedule_covers_the_buffer_once(numel, segment_bytes):
     assert (covered == 1).all()
 
 
-def simulate_doubling(world):
-    """Run every rank's doubling schedule as message passing, each send queued until its receive.
-
-    Each rank starts holding {rank}; a combination is the union. Returns what each rank ends with,
-    and how many messages each rank sent. Fails on a receive that no send can ever meet (a hang).
-    """
-    schedules = [_C._testing.doubling_schedule(world, rank) for rank in range(world)]
-    holds = [frozenset([rank]) for rank in range(world)]
-    queues = {}  # (src, dst) -> values in flight, in order
+def pass_messages(plans, outgoing, incoming):
+    """Run each rank's plan of steps (peer, sends, receives) as message passing, each send queued
+    until its receive: a step first queues its message to its peer (outgoing(rank, step)), then
+    takes the peer's oldest one (incoming(rank, step, message)). Fails on a receive that no send
+    can ever meet (a hang), and on messages nobody received."""
+    world = len(plans)
+    queues = {}  # (src, dst) -> messages in flight, in order
     position = [0] * world
-    posted = [False] * world  # the current Exchange's send is queued
-    sent = [0] * world
+    posted = [False] * world  # the current step's send is queued
     progress = True
     while progress:
         progress = False
         for rank in range(world):
-            if position[rank] == len(schedules[rank]):
+            if position[rank] == len(plans[rank]):
                 continue
-            peer, role = schedules[rank][position[rank]]
-            if role in ("hand_over", "hand_back") or (role == "exchange" and not posted[rank]):
-                queues.setdefault((rank, peer), []).append(holds[rank])
-                sent[rank] += 1
-                posted[rank] = role == "exchange"
-                position[rank] += role != "exchange"
-                progress = True
-                continue
-            arrived = queues.get((peer, rank), [])
-            if not arrived:
-                continue
-            value = arrived.pop(0)
-            holds[rank] = value if role == "take_back" else holds[rank] | value
+            peer, sends, receives = plans[rank][position[rank]]
+            if sends and not posted[rank]:
+                queues.setdefault((rank, peer), []).append(outgoing(rank, position[rank]))
+                posted[rank] = progress = True
+            if receives:
+                arrived = queues.get((peer, rank), [])
+                if not arrived:
+                    continue
+                incoming(rank, position[rank], arrived.pop(0))
             posted[rank] = False
             position[rank] += 1
             progress = True
-    stuck = [rank for rank in range(world) if position[rank] != len(schedules[rank])]
+    stuck = [rank for rank in range(world) if position[rank] != len(plans[rank])]
     assert not stuck, f"world {world}: ranks {stuck} wait for a message that never comes"
     assert not any(queues.values()), f"world {world}: messages nobody received"
+
+
+def simulate_doubling(world):
+    """Run every rank's doubling schedule as message passing. Each rank starts holding {rank}; a
+    combination is the union. Returns what each rank ends with, and how many messages each rank sent."""
+    schedules = [_C._testing.doubling_schedule(world, rank) for rank in range(world)]
+    holds = [frozenset([rank]) for rank in range(world)]
+    sent = [0] * world
+
+    def outgoing(rank, step):
+        sent[rank] += 1
+        return holds[rank]
+
+    def incoming(rank, step, value):
+        holds[rank] = value if schedules[rank][step][1] == "take_back" else holds[rank] | value
+
+    plans = [[(peer, role in ("hand_over", "exchange", "hand_back"), role in ("take_over", "exchange", "take_back"))
+              for peer, role in steps] for steps in schedules]
+    pass_messages(plans, outgoing, incoming)
     return holds, sent
 
 
@@ -163,3 +175,54 @@ def test_recursive_doubling_brings_every_rank_every_value_in_log_messages(world)
     rounds = world.bit_length() - 1  # log2 of the largest power of two not above world
     assert max(sent) == rounds + (world > 2**rounds), sent
     assert sum(sent) == 2**rounds * rounds + 2 * (world - 2**rounds), sent
+
+
+def simulate_halving_doubling(numel, world):
+    """Run every rank's halving-doubling schedule as message passing (an empty span moves nothing,
+    on both sides). Each rank starts with element e holding one contribution of its own; a reduction
+    adds the contributions of the received span, a copy replaces them. Returns the (numel, world)
+    tallies each rank ends with, the elements each rank sent, and each rank's steps. Fails where a
+    received span is not the one sent."""
+    schedules = [_C._testing.halving_doubling_schedule(numel, 4, world, rank) for rank in range(world)]
+    tallies = [np.zeros((numel, world), dtype=np.int64) for _ in range(world)]
+    for rank in range(world):
+        tallies[rank][:, rank] = 1
+    sent = [0] * world
+
+    def outgoing(rank, step):
+        at, count = schedules[rank][step][2]
+        sent[rank] += count
+        return (at, count), tallies[rank][at : at + count].copy()
+
+    def incoming(rank, step, message):
+        peer, _, _, (at, count), reduce, _ = schedules[rank][step]
+        span, rows = message
+        assert span == (at, count), (world, rank, peer, span, (at, count))
+        if reduce:
+            tallies[rank][at : at + count] += rows
+        else:
+            tallies[rank][at : at + count] = rows
+
+    plans = [[(step[0], step[2][1] > 0, step[3][1] > 0) for step in steps] for steps in schedules]
+    pass_messages(plans, outgoing, incoming)
+    return tallies, sent, schedules
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17])
+@pytest.mark.parametrize("numel", [0, 1, 5, 1000, 4096])
+def test_halving_doubling_gives_every_rank_every_contribution_once_moving_what_the_ring_does(numel, world):
+    tallies, sent, schedules = simulate_halving_doubling(numel, world)
+    assert all((t == 1).all() for t in tallies)
+    p = 1 << (world.bit_length() - 1)  # the largest power of two not above world
+    rounds = p.bit_length() - 1
+    for rank, steps in enumerate(schedules):
+        exchanges = [s for s in steps if s[1] == "exchange"]
+        assert len(exchanges) == (2 * rounds if rank < p else 0)
+        assert len(steps) == len(exchanges) + (2 if rank >= p or rank + p < world else 0)
+        # One reduction of each element is its last (AVG divides there): the last reducing exchange's.
+        lasts = [s for s in steps if s[5]]
+        assert len(lasts) == (1 if rank < p and rounds > 0 else 0) and all(s[4] for s in lasts)
+        if rank < p and rounds > 0:
+            assert lasts[0] is [s for s in exchanges if s[4]][-1]
+    if numel == 4096 and world == p:  # chunks of 1024 elements: 2(p-1)/p of the buffer, as the ring
+        assert sent == [2 * (p - 1) * numel // p] * world

@@ -80,6 +80,15 @@ constexpr std::size_t kCheckedPayloadBytes = 64 << 10;
 void doubling_all_reduce(Transport& transport, const CollectiveHeader& header, const Reducer& reducer, void* data,
                          void* scratch, std::size_t numel, std::size_t segment_bytes);
 
+// Halving-doubling all-reduce (halving_doubling_schedule), the bandwidth algorithm of large groups
+// across hosts: a reduce-scatter by recursive halving and an all-gather by recursive doubling, 2
+// log2(N) steps of pairwise exchanges that move 2(N-1)/N of the buffer per rank, as the ring does
+// in 2(N-1) steps (with a whole buffer's hand-over before and after for the ranks above the largest
+// power of two). Each step's transfers go in segments of `segment_bytes`. The call is checked
+// before it (agree_on_call, or a transport that compares headers). Every rank ends with the same bits.
+void halving_doubling_all_reduce(Transport& transport, const Reducer& reducer, void* data, std::size_t numel,
+                                 std::size_t segment_bytes);
+
 // One-shot all-reduce, for small messages in host memory: every rank sends its whole buffer to
 // every peer and reduces the N contributions itself, in rank order, in `scratch` (as large as the
 // buffer). One round of messages instead of the ring's 2(N-1) or the central reducer's two, at the

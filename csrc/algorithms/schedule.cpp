@@ -1,6 +1,7 @@
 #include "algorithms/schedule.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "core/common.h"
 
@@ -139,6 +140,53 @@ std::vector<DoublingStep> doubling_schedule(int world, int rank) {
   if (stands_for_two) steps.push_back({rank + rounds_span, DoublingRole::TakeOver});
   for (int distance = 1; distance < rounds_span; distance *= 2) steps.push_back({rank ^ distance, DoublingRole::Exchange});
   if (stands_for_two) steps.push_back({rank + rounds_span, DoublingRole::HandBack});
+  return steps;
+}
+
+std::vector<HalvingStep> halving_doubling_schedule(std::size_t numel, std::size_t elem_size, int world, int rank) {
+  int chunks = 1;  // p, as in doubling_schedule
+  while (chunks * 2 <= world) chunks *= 2;
+  const SegmentLayout layout = segment_layout(numel, elem_size, chunks, elem_size);
+  const auto span_of = [&](int first, int count) {  // chunks [first, first + count)
+    const Span from = layout.chunk(first);
+    const Span to = layout.chunk(first + count - 1);
+    return Span{from.offset, to.offset + to.count - from.offset};
+  };
+  const Span whole{0, numel};
+  std::vector<HalvingStep> steps;
+  std::vector<int> partners;  // of the exchanges, in order
+  std::optional<HalvingStep> hand_back;
+  int first = 0, count = chunks;  // the chunks this rank still reduces
+  for (const DoublingStep& pair : doubling_schedule(world, rank)) {
+    switch (pair.role) {
+      // A rank above p lends its buffer whole and takes the result back whole.
+      case DoublingRole::HandOver: steps.push_back({pair.peer, pair.role, whole, {}, false, false}); break;
+      case DoublingRole::TakeBack: steps.push_back({pair.peer, pair.role, {}, whole, false, false}); break;
+      // Its stand-in adds it in before the exchanges and hands the result back after them.
+      case DoublingRole::TakeOver: steps.push_back({pair.peer, pair.role, {}, whole, true, false}); break;
+      case DoublingRole::HandBack: hand_back = HalvingStep{pair.peer, pair.role, whole, {}, false, false}; break;
+      // Reduce-scatter: keep one half of the chunks, send the other.
+      case DoublingRole::Exchange: {
+        const int half = count / 2;
+        const bool lower = rank < pair.peer;
+        const int keep = lower ? first : first + half;
+        steps.push_back({pair.peer, pair.role, span_of(lower ? first + half : first, half), span_of(keep, half), true,
+                         half == 1});
+        partners.push_back(pair.peer);
+        first = keep;
+        count = half;
+        break;
+      }
+    }
+  }
+  // All-gather: the exchanges in reverse, each doubling what this rank owns.
+  for (auto partner = partners.rbegin(); partner != partners.rend(); ++partner) {
+    const int theirs = rank < *partner ? first + count : first - count;
+    steps.push_back({*partner, DoublingRole::Exchange, span_of(first, count), span_of(theirs, count), false, false});
+    first = std::min(first, theirs);
+    count *= 2;
+  }
+  if (hand_back) steps.push_back(*hand_back);
   return steps;
 }
 

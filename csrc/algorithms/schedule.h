@@ -105,4 +105,25 @@ struct DoublingStep {
 };
 std::vector<DoublingStep> doubling_schedule(int world, int rank);
 
+// Halving-doubling (Rabenseifner's all-reduce, MPICH's for long messages, gloo's halving_doubling):
+// doubling_schedule's pairs, with the buffer split instead of swapped whole. The buffer is cut into
+// p chunks (segment_layout's; p the largest power of two <= world). In the reduce-scatter, the
+// exchanges in order (partner r ^ 2^k at step k): the partners split the chunks they both still
+// reduce, the lower rank keeping the lower half; each sends the other half and reduces its
+// partner's copy of the half it keeps. Rank r ends owning one chunk, reduced over every rank (chunk
+// number r with its bits reversed). The all-gather takes the exchanges in reverse, each partner
+// sending all it owns. Each rank moves 2(p-1)/p of the buffer in 2 log2(p) exchanges, against
+// doubling's whole buffer in each of log2(p); the ranks above p hand their buffer over and take
+// the result back whole, as in doubling. Each chunk is reduced on one rank and copied to the rest,
+// so every rank ends with the same bits.
+struct HalvingStep {
+  int peer = 0;
+  DoublingRole role = DoublingRole::Exchange;
+  Span send;            // sent to `peer` (empty: nothing)
+  Span recv;            // received from `peer` (empty: nothing)
+  bool reduce = false;  // the received span is reduced into the buffer (else copied)
+  bool last = false;    // the final reduction of the received span (AVG divides here)
+};
+std::vector<HalvingStep> halving_doubling_schedule(std::size_t numel, std::size_t elem_size, int world, int rank);
+
 }  // namespace ringreduce

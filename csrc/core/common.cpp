@@ -40,6 +40,7 @@ const char* algorithm_name(Algorithm algorithm) {
     case Algorithm::OneShot: return "one_shot";
     case Algorithm::Hierarchical: return "hierarchical";
     case Algorithm::Doubling: return "doubling";
+    case Algorithm::HalvingDoubling: return "halving_doubling";
     case Algorithm::Auto: return "auto";
   }
   return "unknown";

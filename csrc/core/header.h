@@ -11,8 +11,9 @@ namespace ringreduce {
 // The all-reduce algorithms; a reduce-scatter or all-gather runs Ring or Hierarchical. Auto is never
 // run: the communicator resolves it to one of the others (engine/auto_choice.h) before the header
 // is made. Hierarchical runs only on a group that spans hosts (csrc/hierarchy/). Doubling is
-// recursive doubling, the log-step algorithm (algorithms/algorithms.h).
-enum class Algorithm : int { Ring, Central, OneShot, Hierarchical, Doubling, Auto };
+// recursive doubling, the log-step algorithm, and HalvingDoubling Rabenseifner's reduce-scatter by
+// halving and all-gather by doubling (algorithms/algorithms.h).
+enum class Algorithm : int { Ring, Central, OneShot, Hierarchical, Doubling, HalvingDoubling, Auto };
 
 // The format an all-reduce's values take on the link between hosts (None: they cross as they
 // are): 16-bit floats, or int8 with a scale per block. Only that ring is compressed; the stages

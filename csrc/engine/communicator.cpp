@@ -168,10 +168,11 @@ void Communicator::run_resolved(const CollectiveArgs& args, const char* auto_rol
                                     : hierarchical         ? kHierarchicalSegmentBytes
                                                            : transport_->default_segment_bytes();
   RR_CHECK(args.algorithm != Algorithm::Auto, "the algorithm must be resolved before the collective runs");
-  RR_CHECK((args.algorithm != Algorithm::OneShot && args.algorithm != Algorithm::Doubling) || stream_ == nullptr,
+  const bool log_steps = args.algorithm == Algorithm::Doubling || args.algorithm == Algorithm::HalvingDoubling;
+  RR_CHECK((args.algorithm != Algorithm::OneShot && !log_steps) || stream_ == nullptr,
            algorithm_name(args.algorithm), " runs on host memory only; use ring or central for device tensors");
-  RR_CHECK(args.algorithm != Algorithm::Doubling || args.collective == Collective::AllReduce,
-           "doubling runs all-reduces only");
+  RR_CHECK(!log_steps || args.collective == Collective::AllReduce, algorithm_name(args.algorithm),
+           " runs all-reduces only");
   RR_CHECK(args.input == nullptr || (stream_ == nullptr && args.collective == Collective::ReduceScatter),
            "a separate input is for host reduce-scatters only");
   RR_CHECK(args.output == nullptr || (hierarchical && args.input != nullptr && args.collective ==
@@ -246,6 +247,9 @@ void Communicator::run_resolved(const CollectiveArgs& args, const char* auto_rol
             case Algorithm::Doubling:
               doubling_all_reduce(*transport_, header, reducer, args.data,
                                   host_scratch(2 * args.numel * reducer.element_size()), args.numel, segment_bytes);
+              break;
+            case Algorithm::HalvingDoubling:
+              halving_doubling_all_reduce(*transport_, reducer, args.data, args.numel, segment_bytes);
               break;
             default:
               one_shot_all_reduce(*transport_, reducer, args.data, host_scratch(args.numel * reducer.element_size()),

@@ -10,32 +10,62 @@
 namespace ringreduce {
 namespace {
 
-// Recursive doubling (doubling_schedule), phase by phase: every rank's steps put in common phases
-// (the hand-over, the exchanges in order, the hand-back), and per phase the bytes leaving the
-// busiest host and whether it reduces. Rank 0 stands in the most phases: its steps are the critical path.
-void add_doubling(CostTerms& terms, double bytes, const std::vector<int>& host_of) {
+// One step of a log-step schedule, as the model prices it.
+struct PricedStep {
+  int peer = 0;
+  DoublingRole role = DoublingRole::Exchange;
+  double sent = 0;     // bytes sent to the peer
+  double reduced = 0;  // bytes received and reduced
+};
+
+// A log-step schedule (doubling's, halving-doubling's), phase by phase: every rank's steps put in
+// common phases (the hand-over, the exchanges in order, the hand-back), and per phase the bytes
+// leaving the busiest host and the most any rank reduces. Rank 0 stands in the most phases: its
+// steps are the critical path.
+template <typename StepsOf>
+void add_log_steps(CostTerms& terms, const std::vector<int>& host_of, StepsOf steps_of) {
   const int world = static_cast<int>(host_of.size());
-  const std::size_t phases = doubling_schedule(world, 0).size();
+  const std::size_t phases = steps_of(0).size();
   const bool handed_over = (world & (world - 1)) != 0;  // ranks above the largest power of two hand over
   const int hosts = *std::max_element(host_of.begin(), host_of.end()) + 1;
   std::vector<std::vector<double>> leaving(phases, std::vector<double>(static_cast<std::size_t>(hosts), 0.0));
-  std::vector<bool> reduces(phases, false);
+  std::vector<double> reduced(phases, 0.0);
   for (int rank = 0; rank < world; ++rank) {
     std::size_t exchanges = 0;
-    for (const DoublingStep& step : doubling_schedule(world, rank)) {
+    for (const PricedStep& step : steps_of(rank)) {
       const bool first = step.role == DoublingRole::HandOver || step.role == DoublingRole::TakeOver;
       const bool last = step.role == DoublingRole::HandBack || step.role == DoublingRole::TakeBack;
       const std::size_t phase = first ? 0 : last ? phases - 1 : (handed_over ? 1 : 0) + exchanges++;
-      const bool sends = step.role != DoublingRole::TakeOver && step.role != DoublingRole::TakeBack;
-      if (sends && host_of[rank] != host_of[step.peer]) leaving[phase][host_of[rank]] += bytes;
-      if (step.role == DoublingRole::TakeOver || step.role == DoublingRole::Exchange) reduces[phase] = true;
+      if (host_of[rank] != host_of[step.peer]) leaving[phase][host_of[rank]] += step.sent;
+      reduced[phase] = std::max(reduced[phase], step.reduced);
     }
   }
   for (std::size_t phase = 0; phase < phases; ++phase) {
     terms.link_messages += 1;
     terms.link_bytes += *std::max_element(leaving[phase].begin(), leaving[phase].end());
-    if (reduces[phase]) terms.reduced_bytes += bytes;
+    terms.reduced_bytes += reduced[phase];
   }
+}
+
+// Doubling's steps: each sends or reduces the whole buffer.
+std::vector<PricedStep> doubling_steps(double bytes, int world, int rank) {
+  std::vector<PricedStep> steps;
+  for (const DoublingStep& step : doubling_schedule(world, rank)) {
+    const bool sends = step.role != DoublingRole::TakeOver && step.role != DoublingRole::TakeBack;
+    const bool reduces = step.role == DoublingRole::TakeOver || step.role == DoublingRole::Exchange;
+    steps.push_back({step.peer, step.role, sends ? bytes : 0.0, reduces ? bytes : 0.0});
+  }
+  return steps;
+}
+
+// Halving-doubling's steps: their spans, in bytes.
+std::vector<PricedStep> halving_doubling_steps(std::uint64_t bytes, int world, int rank) {
+  std::vector<PricedStep> steps;
+  for (const HalvingStep& step : halving_doubling_schedule(bytes, 1, world, rank)) {
+    steps.push_back({step.peer, step.role, static_cast<double>(step.send.count),
+                     step.reduce ? static_cast<double>(step.recv.count) : 0.0});
+  }
+  return steps;
 }
 
 }  // namespace
@@ -100,7 +130,11 @@ CostTerms all_reduce_cost_terms(Algorithm algorithm, std::uint64_t bytes, const 
       break;
     }
     case Algorithm::Doubling:
-      add_doubling(terms, n, host_of);
+      add_log_steps(terms, host_of, [&](int rank) { return doubling_steps(n, static_cast<int>(world), rank); });
+      break;
+    case Algorithm::HalvingDoubling:
+      add_log_steps(terms, host_of,
+                    [&](int rank) { return halving_doubling_steps(bytes, static_cast<int>(world), rank); });
       break;
     case Algorithm::Auto:
       RR_CHECK(false, "the cost model prices an algorithm, not auto");

@@ -54,12 +54,25 @@ py::list central_schedule_py(std::size_t numel, std::size_t elem_size, std::size
   return out;
 }
 
+// DoublingRole's names, in its order.
+const char* const kDoublingRoles[] = {"hand_over", "take_over", "exchange", "hand_back", "take_back"};
+
 py::list doubling_schedule_py(int world, int rank) {
   if (world < 1 || rank < 0 || rank >= world) throw py::value_error("need 0 <= rank < world");
-  static const char* const kRoles[] = {"hand_over", "take_over", "exchange", "hand_back", "take_back"};
   py::list out;
   for (const DoublingStep& step : doubling_schedule(world, rank)) {
-    out.append(py::make_tuple(step.peer, kRoles[static_cast<int>(step.role)]));
+    out.append(py::make_tuple(step.peer, kDoublingRoles[static_cast<int>(step.role)]));
+  }
+  return out;
+}
+
+py::list halving_doubling_schedule_py(std::size_t numel, std::size_t elem_size, int world, int rank) {
+  if (world < 1 || rank < 0 || rank >= world) throw py::value_error("need 0 <= rank < world");
+  py::list out;
+  for (const HalvingStep& step : halving_doubling_schedule(numel, elem_size, world, rank)) {
+    out.append(py::make_tuple(step.peer, kDoublingRoles[static_cast<int>(step.role)],
+                              py::make_tuple(step.send.offset, step.send.count),
+                              py::make_tuple(step.recv.offset, step.recv.count), step.reduce, step.last));
   }
   return out;
 }
@@ -74,6 +87,9 @@ void bind_schedule_probes(py::module_& m) {
         "The groups of (is_send, peer, bytes) a transport that groups like nccl hands over, for one float32 call.");
   m.def("doubling_schedule", &doubling_schedule_py, py::arg("world"), py::arg("rank"),
         "One rank's recursive-doubling steps as (peer, role).");
+  m.def("halving_doubling_schedule", &halving_doubling_schedule_py, py::arg("numel"), py::arg("elem_size"),
+        py::arg("world"), py::arg("rank"),
+        "One rank's halving-doubling steps as (peer, role, (send offset, count), (recv offset, count), reduce, last).");
   m.def("central_schedule", &central_schedule_py, py::arg("numel"), py::arg("elem_size"), py::arg("segment_bytes"));
   m.def("trace_microseconds", &trace_microseconds, py::arg("ns"),
         "How a trace file writes `ns` nanoseconds (Chrome's microseconds).");

@@ -3,14 +3,14 @@
 H hosts of k ranks on this machine (ringreduce/bench/hosts.py), each host's link limited to
 --link. Every size times, in one run, trial by trial: torch.distributed's collective on gloo,
 ringreduce's flat ring (every rank on gloo's pairs), the hierarchical one (shared memory inside
-each host, gloo across), for all_reduce recursive doubling (flat: every rank on gloo's pairs) and
-auto, and for all_reduce and reduce_scatter the
+each host, gloo across), for all_reduce recursive doubling and halving-doubling (flat: every rank
+on gloo's pairs) and auto, and for all_reduce and reduce_scatter the
 hierarchical one compressed to bf16 and fp16 between hosts (all_reduce also int8, with and without
 keeping its rounding errors for error feedback), each with its error against a float64 reference.
 Beside them, the bounds the link sets: each host's link carries 2(N-1)/N of the buffer in a flat
 all-reduce of N ranks, 2(H-1)/H in a hierarchical one, half that in 16 bits and about a quarter in
 int8; a reduce-scatter or all-gather half as much. For all_reduce, the cost model
-(ringreduce/bench/model.py) fitted to the run's ring, hierarchical and doubling rows, and each
+(ringreduce/bench/model.py) fitted to the run's ring, hierarchical, doubling and halving-doubling rows, and each
 row's prediction beside its measurement.
 """
 
@@ -23,7 +23,7 @@ from ringreduce.bench import model
 from ringreduce.bench.hosts import EmulatedHosts, available, in_order
 from ringreduce.bench.report import human_bytes
 
-ROWS = ("gloo", "ring", "hierarchical", "doubling", "auto", "bf16", "fp16", "int8", "int8+fb")
+ROWS = ("gloo", "ring", "hierarchical", "doubling", "halving_doubling", "auto", "bf16", "fp16", "int8", "int8+fb")
 # The rows compressed between hosts (ringreduce.all_reduce's `compress`), and the bytes a float32
 # value takes on the link in each (int8: blocks of 256 values and a float32 scale; int8+fb: int8
 # keeping each rank's rounding errors for error feedback).

@@ -23,6 +23,7 @@ ROWS = {
         "ring": lambda b: ringreduce.all_reduce(b.whole, algorithm="ring"),
         "hierarchical": lambda b: ringreduce.all_reduce(b.whole, algorithm="hierarchical"),
         "doubling": lambda b: ringreduce.all_reduce(b.whole, algorithm="doubling"),
+        "halving_doubling": lambda b: ringreduce.all_reduce(b.whole, algorithm="halving_doubling"),
         "auto": lambda b: ringreduce.all_reduce(b.whole, algorithm="auto"),
         "bf16": lambda b: ringreduce.all_reduce(b.whole, compress="bf16"),
         "fp16": lambda b: ringreduce.all_reduce(b.whole, compress="fp16"),

@@ -25,7 +25,7 @@ from ringreduce.bench.report import human_bytes
 RATES = ("link_latency_s", "link_s_per_byte", "local_latency_s", "local_s_per_byte", "reduce_s_per_byte")
 TERMS = ("link_messages", "link_bytes", "local_messages", "local_bytes", "reduced_bytes")
 # The benchmark's rows the model prices (the others are gloo's, auto's, or compressed).
-MODELLED = ("ring", "hierarchical", "doubling")
+MODELLED = ("ring", "hierarchical", "doubling", "halving_doubling")
 # Layouts it predicts: (hosts, ranks per host) at 64-1024 ranks, one rank per host and eight.
 PREDICTED_LAYOUTS = [(n, 1) for n in (64, 128, 256, 512, 1024)] + [(n // 8, 8) for n in (64, 128, 256, 512, 1024)]
 PREDICTED_SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20)
@@ -95,7 +95,7 @@ def predictions(rates, layouts=PREDICTED_LAYOUTS, sizes=PREDICTED_SIZES):
     table = {}
     for hosts, per_host in layouts:
         counts = [per_host] * hosts
-        algorithms = MODELLED if per_host > 1 else ("ring", "doubling")
+        algorithms = MODELLED if per_host > 1 else tuple(a for a in MODELLED if a != "hierarchical")
         for nbytes in sizes:
             table[(hosts, per_host, nbytes)] = {a: predict(rates, a, nbytes, counts) for a in algorithms}
     return table
