@@ -519,15 +519,20 @@ def test_under_deterministic_algorithms_auto_keeps_one_algorithm_per_size():
 
 def test_across_hosts_the_cost_model_sets_the_prior_and_leaves_out_the_hopeless_candidates():
     """16 hosts of one rank: at 4 KiB the model prices the ring's 34 rounds at about 8x doubling's 4,
-    so the ring is never tried, and doubling is the prior; at 16 MiB only the ring is left (doubling
-    is not tried above 1 MiB, and the model prices central's 15 buffers through rank 0's link at
-    13x the ring). The flat group of the same size still tries every candidate."""
+    so the ring is never tried, and doubling is the prior; at 16 MiB only the ring and
+    halving-doubling are left (doubling is not tried above 1 MiB, and the model prices central's 15
+    buffers through rank 0's link at 13x the ring), halving-doubling first: the ring's bytes in 12
+    rounds instead of 34. The flat group of the same size still tries every candidate but those of
+    groups across hosts."""
     spans = _C._testing.AutoLearnerProbe("pg", 16, True, False, True, list(range(16)))
-    times = {"central": 8_000_000, "one_shot": 7_000_000, "doubling": 5_000_000, "ring": 40_000_000}
-    small = _calls(spans, 4096, 3 + 3 * 5 + 1, times)
-    assert [a for a, _ in small[:3]] == ["central", "one_shot", "doubling"], small[:3]  # one warm-up call each
+    times = {"central": 8_000_000, "one_shot": 7_000_000, "doubling": 5_000_000, "halving_doubling": 9_000_000,
+             "ring": 40_000_000}
+    small = _calls(spans, 4096, 4 + 4 * 5 + 1, times)
+    assert [a for a, _ in small[:4]] == ["central", "one_shot", "doubling", "halving_doubling"], small[:4]
     assert small[-1] == ("doubling", False)
-    assert {a for a, _ in _calls(spans, 16 << 20, 1 + 2 + 1, times)} == {"ring"}
+    large = _calls(spans, 16 << 20, 2 + 2 * 2 + 1, times)
+    assert {a for a, _ in large} == {"ring", "halving_doubling"}, large
+    assert large[-1] == ("halving_doubling", False)
     flat = _C._testing.AutoLearnerProbe("pg", 16, True)
     assert [a for a, _ in _calls(flat, 4096, 3, times)] == ["ring", "central", "one_shot"]
 
@@ -541,7 +546,8 @@ def test_across_hosts_the_learner_refits_the_rates_to_its_rounds_and_prices_new_
     counts = [1] * 16
     fast = {"link_latency_s": 12e-6, "link_s_per_byte": 3.85e-9, "local_latency_s": 4.45e-3,
             "local_s_per_byte": 4.5e-9, "reduce_s_per_byte": 5.86e-9}
-    times = {a: round(model.predict(fast, a, 4096, counts) * 1e9) for a in ("ring", "central", "one_shot", "doubling")}
+    times = {a: round(model.predict(fast, a, 4096, counts) * 1e9)
+             for a in ("ring", "central", "one_shot", "doubling", "halving_doubling")}
     learner = _C._testing.AutoLearnerProbe("pg", 16, True, False, True, list(range(16)))
     for _ in range(10_000):  # until the 4 KiB class has decided
         (_, exploring), = _calls(learner, 4096, 1, times)
@@ -549,6 +555,7 @@ def test_across_hosts_the_learner_refits_the_rates_to_its_rounds_and_prices_new_
             break
     assert not exploring
     assert learner.rates()[0] == pytest.approx(12e-6, rel=0.2), learner.rates()
-    assert [a for a, _ in _calls(learner, 8192, 4, times)][:3] == ["ring", "one_shot", "doubling"]
+    # One warm-up call of each candidate: the fitted rates price one-shot's 15 buffers out instead.
+    assert [a for a, _ in _calls(learner, 8192, 3, times)] == ["ring", "doubling", "halving_doubling"]
     unmeasured = _C._testing.AutoLearnerProbe("pg", 16, True, False, True, list(range(16)))
-    assert [a for a, _ in _calls(unmeasured, 8192, 3, times)] == ["central", "one_shot", "doubling"]
+    assert [a for a, _ in _calls(unmeasured, 8192, 4, times)] == ["central", "one_shot", "doubling", "halving_doubling"]

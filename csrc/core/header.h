@@ -15,6 +15,11 @@ namespace ringreduce {
 // halving and all-gather by doubling (algorithms/algorithms.h).
 enum class Algorithm : int { Ring, Central, OneShot, Hierarchical, Doubling, HalvingDoubling, Auto };
 
+// One-shot and the log-step algorithms run on host memory only.
+inline bool host_memory_only(Algorithm algorithm) {
+  return algorithm == Algorithm::OneShot || algorithm == Algorithm::Doubling || algorithm == Algorithm::HalvingDoubling;
+}
+
 // The format an all-reduce's values take on the link between hosts (None: they cross as they
 // are): 16-bit floats, or int8 with a scale per block. Only that ring is compressed; the stages
 // inside each host stay in the buffer's dtype.

@@ -115,13 +115,13 @@ Algorithm choose_algorithm(const AutoTable& table, const std::string& transport,
     }
   }
   Algorithm algorithm = chosen < rules.size() ? rules[chosen].algorithm : Algorithm::Ring;
-  if (((algorithm == Algorithm::OneShot || algorithm == Algorithm::Doubling) && !host_memory) ||
+  if ((host_memory_only(algorithm) && !host_memory) ||
       (algorithm == Algorithm::Hierarchical && !hierarchy)) {
     algorithm = Algorithm::Ring;
   }
   if (log && first_time(table.generation, chosen)) {
     const Algorithm listed = chosen < rules.size() ? rules[chosen].algorithm : Algorithm::Ring;
-    const bool host_only = listed == Algorithm::OneShot || listed == Algorithm::Doubling;
+    const bool host_only = host_memory_only(listed);
     const std::string why =
         chosen == rules.size()
             ? detail::concat("no line of the table (", table.source, ") covers ", transport, " at ", bytes, " B: ring")
@@ -186,6 +186,7 @@ void AutoLearner::price(SizeClass& size, std::uint64_t bytes) {
     if (candidate == Algorithm::Doubling && !(host_memory_ && spans_hosts_ && floor < kDoublingCandidateBytes)) {
       continue;
     }
+    if (candidate == Algorithm::HalvingDoubling && !(host_memory_ && spans_hosts_)) continue;
     tried.list[tried.count++] = candidate;
   }
   size.prior = prior_algorithm(bytes, host_memory_, hierarchy_, spans_hosts_);

@@ -163,9 +163,11 @@ class AutoLearner {
  public:
   // In this order; one_shot only on host memory and below kOneShotCandidateBytes, hierarchical only
   // on a group with a `hierarchy`, doubling only on host memory of a group that `spans_hosts` and
-  // below kDoublingCandidateBytes.
-  static constexpr std::array<Algorithm, 5> kCandidates = {Algorithm::Ring, Algorithm::Central, Algorithm::OneShot,
-                                                           Algorithm::Hierarchical, Algorithm::Doubling};
+  // below kDoublingCandidateBytes, halving-doubling (the ring's bytes in log steps: any size) only on
+  // host memory of a group that `spans_hosts`.
+  static constexpr std::array<Algorithm, 6> kCandidates = {Algorithm::Ring,         Algorithm::Central,
+                                                           Algorithm::OneShot,      Algorithm::Hierarchical,
+                                                           Algorithm::Doubling,     Algorithm::HalvingDoubling};
   // Nanoseconds of each tried candidate's timed calls of a round, summed (by place among those
   // tried): this rank's, then (after the all-reduce) the slowest rank's.
   using Times = std::array<std::int64_t, kCandidates.size()>;

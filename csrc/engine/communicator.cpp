@@ -168,9 +168,9 @@ void Communicator::run_resolved(const CollectiveArgs& args, const char* auto_rol
                                     : hierarchical         ? kHierarchicalSegmentBytes
                                                            : transport_->default_segment_bytes();
   RR_CHECK(args.algorithm != Algorithm::Auto, "the algorithm must be resolved before the collective runs");
+  RR_CHECK(!host_memory_only(args.algorithm) || stream_ == nullptr, algorithm_name(args.algorithm),
+           " runs on host memory only; use ring or central for device tensors");
   const bool log_steps = args.algorithm == Algorithm::Doubling || args.algorithm == Algorithm::HalvingDoubling;
-  RR_CHECK((args.algorithm != Algorithm::OneShot && !log_steps) || stream_ == nullptr,
-           algorithm_name(args.algorithm), " runs on host memory only; use ring or central for device tensors");
   RR_CHECK(!log_steps || args.collective == Collective::AllReduce, algorithm_name(args.algorithm),
            " runs all-reduces only");
   RR_CHECK(args.input == nullptr || (stream_ == nullptr && args.collective == Collective::ReduceScatter),

@@ -453,8 +453,7 @@ Call all_reduce_call(Communicator& communicator, const at::Tensor& tensor, Reduc
   const DType dtype = to_dtype(tensor, op);
   if (residual) check_residual(*residual, tensor, op);
   compression = link_compression(communicator, compression, Collective::AllReduce, dtype, op, &algorithm);
-  if ((algorithm == Algorithm::OneShot || algorithm == Algorithm::Doubling || algorithm == Algorithm::HalvingDoubling) &&
-      communicator.stream_context() != nullptr) {
+  if (host_memory_only(algorithm) && communicator.stream_context() != nullptr) {
     throw std::invalid_argument(detail::concat("ringreduce: algorithm '", algorithm_name(algorithm), "' runs on host "
                                                "transports only; use 'auto', 'ring' or 'central' on a device (CUDA, "
                                                "or the simulated one)"));
