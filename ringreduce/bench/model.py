@@ -26,6 +26,8 @@ RATES = ("link_latency_s", "link_s_per_byte", "local_latency_s", "local_s_per_by
 TERMS = ("link_messages", "link_bytes", "local_messages", "local_bytes", "reduced_bytes")
 # The benchmark's rows the model prices (the others are gloo's, auto's, or compressed).
 MODELLED = ("ring", "hierarchical", "doubling", "halving_doubling")
+# Width of an algorithm's column in the tables.
+NAME_WIDTH = max(len(name) for name in MODELLED)
 # Layouts it predicts: (hosts, ranks per host) at 64-1024 ranks, one rank per host and eight.
 PREDICTED_LAYOUTS = [(n, 1) for n in (64, 128, 256, 512, 1024)] + [(n // 8, 8) for n in (64, 128, 256, 512, 1024)]
 PREDICTED_SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20)
@@ -83,10 +85,11 @@ def print_fit(rates, points, out=sys.stdout):
     out.write("# fitted rates: " + ", ".join(
         f"{name} {rates[name] * (1e6 if name.endswith('latency_s') else 1e9):.3g} "
         f"{'us' if name.endswith('latency_s') else 'ns/B'}" for name in RATES) + "\n")
-    out.write(f"{'layout':>8} {'algorithm':>13} {'size':>8} {'measured ms':>12} {'model ms':>10} {'model/meas.':>12}\n")
+    out.write(f"{'layout':>8} {'algorithm':>{NAME_WIDTH}} {'size':>8} {'measured ms':>12} {'model ms':>10} "
+              f"{'model/meas.':>12}\n")
     for algorithm, nbytes, counts, seconds in points:
         model = predict(rates, algorithm, nbytes, counts)
-        out.write(f"{_layout_text(counts):>8} {algorithm:>13} {human_bytes(nbytes):>8} {seconds * 1e3:>12.2f}"
+        out.write(f"{_layout_text(counts):>8} {algorithm:>{NAME_WIDTH}} {human_bytes(nbytes):>8} {seconds * 1e3:>12.2f}"
                   f" {model * 1e3:>10.2f} {model / seconds:>12.2f}\n")
 
 
@@ -103,11 +106,12 @@ def predictions(rates, layouts=PREDICTED_LAYOUTS, sizes=PREDICTED_SIZES):
 
 def print_predictions(table, out=sys.stdout):
     out.write("# predicted ms per all-reduce (best marked *)\n")
-    out.write(f"{'ranks':>6} {'layout':>8} {'size':>8}" + "".join(f"{a:>14}" for a in MODELLED) + "\n")
+    out.write(f"{'ranks':>6} {'layout':>8} {'size':>8}" + "".join(f"{a:>{NAME_WIDTH + 1}}" for a in MODELLED) + "\n")
     for (hosts, per_host, nbytes), by_algorithm in table.items():
         best = min(by_algorithm, key=by_algorithm.get)
-        cells = "".join(f"{'-' if a not in by_algorithm else f'{by_algorithm[a] * 1e3:.2f}' + ('*' if a == best else ' '):>14}"
-                        for a in MODELLED)
+        cells = "".join(
+            f"{'-' if a not in by_algorithm else f'{by_algorithm[a] * 1e3:.2f}' + ('*' if a == best else ' '):>{NAME_WIDTH + 1}}"
+            for a in MODELLED)
         out.write(f"{hosts * per_host:>6} {f'{hosts}x{per_host}':>8} {human_bytes(nbytes):>8}{cells}\n")
 
 
