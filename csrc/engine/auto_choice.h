@@ -134,13 +134,12 @@ constexpr std::uint64_t kOneShotCandidateBytes = 1024 * 1024;
 constexpr std::uint64_t kDoublingCandidateBytes = kOneShotCandidateBytes;
 
 // The rates auto prices the candidates at on a group that spans hosts (engine/cost_model.h): fitted
-// to 16 emulated hosts x 1 rank and 8 x 2 at 2 Gbit/s, all-reduces of 4 KiB-16 MiB, on the 2-core
-// machine (benchmarks/RESULTS.md, 2026-12-06; every row within 0.75-1.21 of the model). A real
+// to 16 emulated hosts x 1 rank and 8 x 2 at 2 Gbit/s, all-reduces of 4 KiB-16 MiB by ring,
+// hierarchical, doubling and halving-doubling, on the 2-core machine (benchmarks/RESULTS.md,
+// 2026-12-06, "auto with halving-doubling"; every row within 0.70-1.37 of the model). A real
 // network's differ: they price only the first size class, and the learner refits them to its own
-// rounds (kAutoModelPriorWeight) before it prices the next. The shared-memory
-// step's 4.45 ms is 16 ranks waiting for 2 cores (2 ranks take microseconds): it makes only the
-// hierarchical one dearer, at small sizes, where doubling's few rounds win.
-constexpr CostRates kAcrossHostsRates{1.20e-3, 3.85e-9, 4.45e-3, 4.50e-9, 5.86e-9};
+// rounds (kAutoModelPriorWeight) before it prices the next.
+constexpr CostRates kAcrossHostsRates{1.24e-3, 4.77e-9, 364e-6, 1.16e-9, 4.89e-9};
 // On a group that spans hosts, a candidate the model prices this many times the cheapest one is not
 // tried: across hosts an exploring call of the wrong algorithm costs the most (at 4 KiB on 16 hosts
 // the ring took 49 ms against doubling's 5.4, the model 41 against 4.9), and the model's errors
