@@ -52,8 +52,8 @@ constexpr std::chrono::microseconds kYieldBeforeSleep{1000};
 // ... but stop yielding once yields that handed the core to no one add up to this, as long as the
 // "spin" plan polls: a rank waiting for another host (hierarchical, 8 emulated hosts x 2 ranks on
 // 2 cores) otherwise polled through its 1 ms on a core where nothing else was queued, while work
-// queued on the other one: 16 MiB took 262 ms against 193 with this limit, gloo 207 and 188
-// (benchmarks/RESULTS.md, "Waiting without polling"); 2 and 4 ranks of one host lost nothing.
+// queued on the other one: at 16 MiB it ran at 0.64-0.70x gloo's speed, and at 1.02-1.03x with
+// this limit (benchmarks/RESULTS.md, "waiting without polling"); 2 and 4 ranks of one host lost nothing.
 constexpr std::chrono::microseconds kIdleYieldBeforeSleep = kSpinWhenCoresSuffice;
 // A sleeping rank wakes at least this often to check that its peers are alive and not aborted.
 constexpr std::chrono::milliseconds kLivenessPoll{100};
