@@ -13,8 +13,8 @@ from reference import ALL_DTYPES, R, exact_inputs, ops_for, reference
 
 def _matrix(rank, world, transport):
     checks = 0
-    # halving_doubling, an algorithm between hosts, on gloo's pairs only (tests/test_local.py runs it
-    # on every dtype and op at 1-16 ranks in shared memory).
+    # halving_doubling, an algorithm between hosts, on gloo's pairs only: tests/test_local.py runs it on
+    # every dtype and op at 1-16 thread ranks, and _random_floats_and_async below on shm too.
     algorithms = ("ring", "central", "one_shot", "doubling") + (("halving_doubling",) if transport == "pg" else ())
     for algorithm in algorithms:
         for numel in sorted({0, 1, world - 1, world, 99_991}):
@@ -35,7 +35,7 @@ def _matrix(rank, world, transport):
 def _random_floats_and_async(rank, world, transport):
     gen = torch.Generator().manual_seed(rank)
     results = {}
-    for algorithm in ("ring", "central", "one_shot", "auto"):
+    for algorithm in ("ring", "central", "one_shot", "halving_doubling", "auto"):
         data = torch.randn(1 << 18, generator=gen)
         expected = data.clone()
         dist.all_reduce(expected)

@@ -3,7 +3,6 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <exception>
 #include <thread>
 #include <vector>
