@@ -23,7 +23,8 @@ R = dist.ReduceOp
 UNIT_ROUNDOFF = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}
 WIDE = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # Element counts: empty, one, ragged around the world size, one block of many segments, and more
-# than one pipeline block (kHierarchicalBlockBytes is 4 MiB of float32: 1,048,576 elements).
+# than one pipeline block on 2 hosts x 2 (4 MiB of float32: 1,048,576 elements; one block on
+# 2+1+2, whose blocks are 6 MiB).
 SIZES = (0, 1, 6, 99_991, 1_300_007)
 
 

@@ -372,13 +372,18 @@ class Columns {
 
 }  // namespace
 
-std::vector<Span> hierarchical_blocks(std::size_t numel, std::size_t elem_size, int parts) {
-  const std::size_t block = std::max<std::size_t>(1, kHierarchicalBlockBytes / elem_size / static_cast<std::size_t>(parts));
+std::vector<Span> hierarchical_blocks(std::size_t numel, std::size_t elem_size, int parts, std::size_t block_bytes) {
+  const std::size_t block = std::max<std::size_t>(1, block_bytes / elem_size / static_cast<std::size_t>(parts));
   std::vector<Span> blocks;
   for (std::size_t offset = 0; offset < numel || blocks.empty(); offset += block) {
     blocks.push_back(Span{offset, std::min(block, numel - offset)});
   }
   return blocks;
+}
+
+std::size_t hierarchical_all_reduce_block_bytes(const HostLayout& layout) {
+  const std::size_t steps = static_cast<std::size_t>(layout.widest()) * static_cast<std::size_t>(layout.hosts());
+  return std::max(kHierarchicalBlockBytes, steps * kMinCrossingStepBytes);
 }
 
 void hierarchical_all_reduce(Transport& across, HostTier& tier, const Reducer& reducer, void* data, std::size_t numel,
@@ -387,7 +392,8 @@ void hierarchical_all_reduce(Transport& across, HostTier& tier, const Reducer& r
   const std::size_t elem = reducer.element_size();
   char* base = static_cast<char*>(data);
   Stages stages(across, tier, reducer, segment_bytes, lanes, compression, base, residual);
-  const std::vector<Span> blocks = hierarchical_blocks(numel, elem);
+  const std::vector<Span> blocks =
+      hierarchical_blocks(numel, elem, /*parts=*/1, hierarchical_all_reduce_block_bytes(tier.layout));
   auto at = [&](std::size_t b) { return base + blocks[b].offset * elem; };
   if (!tier.neighbours) {  // alone on this host: the link is all there is
     for (std::size_t b = 0; b < blocks.size(); ++b) stages.reduce_across(at(b), blocks[b].count);

@@ -27,6 +27,15 @@ struct HostTier {
 // the other, 321 ms in all; 16 MiB blocks gave 305 ms, 4 MiB blocks 295 (benchmarks/RESULTS.md).
 constexpr std::size_t kHierarchicalBlockBytes = 4 << 20;
 
+// The least a ring step across hosts carries in an all-reduce's block: a block of B bytes gives each
+// of W ranks per host a shard of B/W, which a ring of H hosts crosses in H chunks of B/(W*H), and
+// every message costs gloo a work object, a wake-up and its own round of TCP. On 8 emulated hosts x
+// 2 ranks (2 Gbit/s) at 16 MiB, 4 MiB blocks (256 KiB steps) ran 1.00-1.16x gloo's speed, mean 1.10,
+// and 16 MiB blocks (1 MiB steps) 1.08-1.30x, mean 1.23, over six runs each taken in turn, with
+// about 16% less system time (benchmarks/RESULTS.md). So a block grows past kHierarchicalBlockBytes where
+// its steps would carry less.
+constexpr std::size_t kMinCrossingStepBytes = 1 << 20;
+
 // Blocks of the reduce-scatter and all-gather in working memory at once: one crossing, one being
 // reduced (or gathered) inside the host, one beside them so neither waits for the other's slot.
 // Their working memory is these blocks whatever the buffer's size: 12 MiB.
@@ -42,7 +51,13 @@ constexpr std::size_t kHierarchicalSegmentBytes = 512 << 10;
 // The blocks of an all-reduce of `numel` elements (one, possibly empty, at least); or, with
 // `parts` chunks of `numel`, the runs of a chunk that make a block together with the same run of
 // every other chunk (a reduce-scatter's or all-gather's).
-std::vector<Span> hierarchical_blocks(std::size_t numel, std::size_t elem_size, int parts = 1);
+std::vector<Span> hierarchical_blocks(std::size_t numel, std::size_t elem_size, int parts = 1,
+                                      std::size_t block_bytes = kHierarchicalBlockBytes);
+
+// The block of an all-reduce over `layout`: kHierarchicalBlockBytes, or as much more as gives each
+// ring step across hosts kMinCrossingStepBytes. The all-reduce works in place, so its blocks cost no
+// working memory; the reduce-scatter's and all-gather's stay at kHierarchicalBlockBytes.
+std::size_t hierarchical_all_reduce_block_bytes(const HostLayout& layout);
 
 // The working memory of a hierarchical reduce-scatter or all-gather of `world` chunks of
 // `chunk_elems`: kHierarchicalStagedBlocks blocks at most, whatever the chunks' size.
@@ -54,7 +69,8 @@ std::size_t hierarchical_staging_bytes(std::size_t chunk_elems, std::size_t elem
 // shard, and each host all-gathers the results. Each host's link carries 2(H-1)/H of the buffer
 // for H hosts, against 2(N-1)/N in a flat ring of N ranks, and every rank of a host brings its own
 // flow across. Every element is reduced by one rank at each level and copied to the others, so
-// every rank ends with the same bits. Large buffers are pipelined in blocks (kHierarchicalBlockBytes).
+// every rank ends with the same bits. Large buffers are pipelined in blocks
+// (hierarchical_all_reduce_block_bytes).
 //
 // With a `compression` (float32 SUM or AVG only) the rings across hosts carry compressed values
 // (16-bit, or int8 blocks): a rank rounds its shard once to send it, each hop adds the arriving
