@@ -284,7 +284,7 @@ class Columns {
         staging_(static_cast<char*>(staging)),
         segment_bytes_(segment_bytes),
         lanes_(lanes),
-        blocks_(hierarchical_blocks(chunk_elems, elem, layout_.world())),
+        blocks_(hierarchical_blocks(chunk_elems, elem, layout_.world(), kHierarchicalBlockBytes)),
         wire_(std::move(wire)) {}
 
   std::size_t blocks() const { return blocks_.size(); }
@@ -406,7 +406,7 @@ void hierarchical_all_reduce(Transport& across, HostTier& tier, const Reducer& r
 }
 
 std::size_t hierarchical_staging_bytes(std::size_t chunk_elems, std::size_t elem_size, int world) {
-  const std::vector<Span> blocks = hierarchical_blocks(chunk_elems, elem_size, world);
+  const std::vector<Span> blocks = hierarchical_blocks(chunk_elems, elem_size, world, kHierarchicalBlockBytes);
   return std::min(blocks.size(), kHierarchicalStagedBlocks) * blocks[0].count * static_cast<std::size_t>(world) *
          elem_size;
 }

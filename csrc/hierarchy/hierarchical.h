@@ -48,11 +48,10 @@ constexpr std::size_t kHierarchicalStagedBlocks = 3;
 // 300-303 with 256-512 KiB (benchmarks/RESULTS.md).
 constexpr std::size_t kHierarchicalSegmentBytes = 512 << 10;
 
-// The blocks of an all-reduce of `numel` elements (one, possibly empty, at least); or, with
-// `parts` chunks of `numel`, the runs of a chunk that make a block together with the same run of
-// every other chunk (a reduce-scatter's or all-gather's).
-std::vector<Span> hierarchical_blocks(std::size_t numel, std::size_t elem_size, int parts = 1,
-                                      std::size_t block_bytes = kHierarchicalBlockBytes);
+// The blocks of `block_bytes` of an all-reduce of `numel` elements (parts = 1; one, possibly empty,
+// at least); or, with `parts` chunks of `numel`, the runs of a chunk that make a block together with
+// the same run of every other chunk (a reduce-scatter's or all-gather's).
+std::vector<Span> hierarchical_blocks(std::size_t numel, std::size_t elem_size, int parts, std::size_t block_bytes);
 
 // The block of an all-reduce over `layout`: kHierarchicalBlockBytes, or as much more as gives each
 // ring step across hosts kMinCrossingStepBytes. The all-reduce works in place, so its blocks cost no
