@@ -143,10 +143,11 @@ def host_summary(comm) -> str:
     """What a communicator over several hosts runs where, for RINGREDUCE_DEBUG=INFO."""
     if not comm.has_hierarchy:
         runs = "all-reduce flat (one rank per host)"
-    elif comm.has_even_hierarchy:
+    elif comm.has_chunked_hierarchy:
         runs = "all-reduce hierarchical or flat, reduce-scatter and all-gather hierarchical"
     else:
-        runs = "all-reduce hierarchical or flat, reduce-scatter and all-gather flat (uneven hosts)"
+        runs = ("all-reduce hierarchical or flat, reduce-scatter and all-gather flat (on these hosts, hierarchical "
+                "ones would move no fewer bytes)")
     return f"{comm.hosts}: shared memory inside each host, gloo across; {runs}"
 
 

@@ -123,12 +123,13 @@ def reduce_scatter_tensor(output, input, op=dist.ReduceOp.SUM, group=None, async
     reduction of every rank's r-th slice. ``input`` is left as it was. Ops, dtypes, ``transport``
     and ``segment_bytes`` as all_reduce. Each rank moves (N-1)/N of ``input``.
 
-    ``algorithm``: ``"ring"``, ``"hierarchical"`` (a group that spans hosts with the same number of
-    ranks on each: shared memory inside each host, then each host's link carries (H-1)/H of
-    ``input`` for H hosts), or ``"auto"`` (the default: hierarchical wherever it runs, else ring).
+    ``algorithm``: ``"ring"``, ``"hierarchical"`` (a group that spans hosts where it moves fewer
+    bytes across them than the ring, as with the same number of ranks on each host, or 3+2: shared
+    memory inside each host, then each host's link carries (H-1)/H of ``input`` for H even hosts),
+    or ``"auto"`` (the default: hierarchical wherever it runs, else ring).
 
-    ``compress``: as all_reduce's, where the reduce-scatter runs hierarchical (the same number of
-    ranks on every host): each rank's share crosses hosts in bf16 or fp16, summed in float32
+    ``compress``: as all_reduce's, where the reduce-scatter runs hierarchical: each rank's share
+    crosses hosts in bf16 or fp16, summed in float32
     (``"int8"`` runs exact here).
     """
     _tensor_pair(output, input, "reduce_scatter_tensor")

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 import ringreduce
+from ringreduce import _C
 from multiproc import run_ranks
 from reference import ALL_DTYPES, R, exact_inputs, ops_for, reference
 
@@ -19,6 +20,9 @@ LAYOUTS = {
     "interleaved": "abab",
 }
 DESCRIBED = {"2x2": "2 hosts x 2 ranks", "2+1+2": "3 hosts (2+1+2 ranks)", "interleaved": "2 hosts x 2 ranks"}
+# Where the reduce-scatter and all-gather run hierarchical: even hosts, and hosts of 3 and 2 ranks
+# placed round-robin (the host of 2 carries the third column across too; 2+1+2 runs them flat).
+CHUNKED_LAYOUTS = {"2x2": "aabb", "3+2 interleaved": "aabab"}
 
 
 def _host_env(layout, extra, rank):
@@ -178,10 +182,24 @@ def _chunked_every_dtype_and_op(rank, world, algorithms):
     return checks, ran, ran_gather, ringreduce._groups.host_summary(comm).split("; ")[-1]
 
 
-# (The flat ring's reduce-scatter and all-gather across hosts: the uneven layout's test below.)
-@pytest.mark.parametrize("layout, algorithms", [("2x2", ("hierarchical",)), ("interleaved", ("hierarchical",))])
-def test_reduce_scatter_and_all_gather_are_exact_and_hierarchical_on_even_layouts(layout, algorithms):
-    outcomes = run_ranks(len(LAYOUTS[layout]), _chunked_every_dtype_and_op, algorithms, env=_hosts(LAYOUTS[layout]))
+@pytest.mark.parametrize("counts, pays", [
+    ([2, 2], True), ([4, 4, 4], True), ([3, 2], True), ([4, 4, 3], True), ([8, 8, 7, 8], True),
+    ([2, 1, 2], False), ([2, 2, 1], False), ([3, 3, 1], False), ([3, 2, 1], False), ([1, 1], False), ([4], False),
+])
+def test_reduce_scatter_and_all_gather_are_hierarchical_where_the_links_carry_fewer_chunks(counts, pays):
+    """Each column's ring crosses a host's link with hosts - 1 chunks, widest x (hosts - 1) in all (a host
+    short of ranks carries its missing columns too), against the flat ring's world - 1; the host labels'
+    order does not matter."""
+    host_of_rank = [host for host, count in enumerate(counts) for _ in range(count)]
+    assert _C.chunked_hierarchy_pays(host_of_rank) == pays
+    assert _C.chunked_hierarchy_pays(host_of_rank[::-1]) == pays
+
+
+# (The flat ring's reduce-scatter and all-gather across hosts: the 2+1+2 layout's test below.)
+@pytest.mark.parametrize("layout", sorted(CHUNKED_LAYOUTS))
+def test_reduce_scatter_and_all_gather_are_exact_and_hierarchical_where_they_move_fewer_bytes(layout):
+    hosts = CHUNKED_LAYOUTS[layout]
+    outcomes = run_ranks(len(hosts), _chunked_every_dtype_and_op, ("hierarchical",), env=_hosts(hosts))
     assert {o[0] for o in outcomes} == {outcomes[0][0]} and outcomes[0][0] > 0
     assert {o[1:] for o in outcomes} == {("hierarchical", "hierarchical", "all-reduce hierarchical or flat, "
                                           "reduce-scatter and all-gather hierarchical")}, "auto: hierarchical here"
@@ -190,9 +208,10 @@ def test_reduce_scatter_and_all_gather_are_exact_and_hierarchical_on_even_layout
 def _uneven_chunked(rank, world):
     mine = torch.arange(world * 4.0) + rank
     output = torch.full((4,), -1.0)
-    with pytest.raises(ValueError, match=r"reduce_scatter_tensor: algorithm 'hierarchical' needs a group whose ranks "
-                                         r"span several hosts, the same number \(2 or more\) on each; this group's pg "
-                                         r"communicator has 3 hosts \(2\+1\+2 ranks\)"):
+    with pytest.raises(ValueError, match=r"reduce_scatter_tensor: algorithm 'hierarchical' runs where it moves fewer "
+                                         r"bytes across hosts than the ring: several hosts of 2 or more ranks, the most "
+                                         r"ranks on a host times \(hosts - 1\) below ranks - 1 \(2x2, 3\+2, 4\+4\+3\); "
+                                         r"this group's pg communicator has 3 hosts \(2\+1\+2 ranks\)"):
         ringreduce.reduce_scatter_tensor(output, mine, algorithm="hierarchical")
     with pytest.raises(ValueError, match="algorithm 'central' does not run here"):
         ringreduce.all_gather_into_tensor(mine, output, algorithm="central")
@@ -200,20 +219,25 @@ def _uneven_chunked(rank, world):
     return _chunked_every_dtype_and_op(rank, world, ("auto",))
 
 
-def test_uneven_layouts_refuse_hierarchical_chunks_and_auto_runs_the_ring():
+def test_where_hierarchical_chunks_move_no_fewer_bytes_they_are_refused_and_auto_runs_the_ring():
+    """2+1+2: each column's ring would cross every host's link with 2 chunks, 4 in all, as the flat ring."""
     outcomes = run_ranks(5, _uneven_chunked, env=_hosts(LAYOUTS["2+1+2"]))
     assert {o[1:] for o in outcomes} == {("ring", "ring", "all-reduce hierarchical or flat, reduce-scatter and "
-                                          "all-gather flat (uneven hosts)")} and outcomes[0][0] > 0
+                                          "all-gather flat (on these hosts, hierarchical ones would move no fewer "
+                                          "bytes)")} and outcomes[0][0] > 0
 
 
-# kHierarchicalBlockBytes of float32 across 4 ranks: a block holds this many of each chunk.
+# kHierarchicalBlockBytes of float32 across the 4 chunks of 2x2 (HostLayout::column_slots; 3+2 has 6,
+# so smaller blocks): a block holds this many of each chunk.
 _BLOCK_ELEMS = (4 << 20) // 4 // 4
+_CHUNK = 4 * _BLOCK_ELEMS + 12_345
 _STAGED_BYTES = 3 * (4 << 20)  # kHierarchicalStagedBlocks blocks
 
 
 def _many_blocks(rank, world):
-    """A reduce-scatter and all-gather of 4 blocks and a ragged fifth, so the staged blocks are reused."""
-    chunk = 4 * _BLOCK_ELEMS + 12_345
+    """A reduce-scatter and all-gather of more blocks than are staged at once (5 on 2x2, 7 on 3+2, the last
+    ragged), so the staged blocks are reused."""
+    chunk = _CHUNK
     inputs = [(torch.arange(chunk * world) % 1009 + 3 * r).float() for r in range(world)]
     mine = inputs[rank].clone()
     share = torch.full((chunk,), -1.0)
@@ -233,12 +257,14 @@ def _many_blocks(rank, world):
     return comm.working_bytes()
 
 
-def test_reduce_scatter_and_all_gather_reuse_a_bounded_working_memory():
-    """17 MiB per rank through both, exact, with at most 12 MiB of working memory kept (not the buffer's
-    size twice over, as when the pipeline ran ahead and the reduce-scatter reduced into a copy), beside
-    the copy of the input that a reduce-scatter whose output lies inside its input needs."""
-    kept = run_ranks(4, _many_blocks, env=_hosts(LAYOUTS["2x2"]))
-    input_bytes = 4 * (4 * _BLOCK_ELEMS + 12_345) * 4
+@pytest.mark.parametrize("layout", sorted(CHUNKED_LAYOUTS))
+def test_reduce_scatter_and_all_gather_reuse_a_bounded_working_memory(layout):
+    """17 MiB per rank through both on 2x2 (21 on 3+2), exact, with at most 12 MiB of working memory kept
+    (not the buffer's size twice over, as when the pipeline ran ahead and the reduce-scatter reduced into a
+    copy), beside the copy of the input that a reduce-scatter whose output lies inside its input needs."""
+    hosts = CHUNKED_LAYOUTS[layout]
+    kept = run_ranks(len(hosts), _many_blocks, env=_hosts(hosts))
+    input_bytes = len(hosts) * _CHUNK * 4
     assert all(input_bytes < k <= input_bytes + _STAGED_BYTES for k in kept), kept
 
 

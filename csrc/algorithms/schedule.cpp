@@ -48,10 +48,9 @@ SegmentLayout chunk_layout(std::size_t chunk_elems, std::size_t elem_size, int w
   return layout;
 }
 
-std::vector<ShardRound> shard_rounds(std::size_t numel, std::size_t elem_size, int shards, int neighbours,
-                                     std::size_t segment_bytes) {
+std::vector<ShardRound> shard_rounds(std::size_t numel, std::size_t shard_elems, std::size_t elem_size, int shards,
+                                     int neighbours, std::size_t segment_bytes) {
   RR_CHECK(neighbours >= 1 && neighbours <= shards, "a host of ", neighbours, " ranks cannot split ", shards, " shards");
-  const std::size_t shard_elems = segment_layout(numel, elem_size, shards, segment_bytes).chunk_elems;
   std::vector<ShardRound> rounds;
   for (int first = 0; first < shards; first += neighbours) {
     ShardRound round;

@@ -37,16 +37,18 @@ SegmentLayout segment_layout(std::size_t numel, std::size_t elem_size, int world
 // being rank r's share.
 SegmentLayout chunk_layout(std::size_t chunk_elems, std::size_t elem_size, int world, std::size_t segment_bytes);
 
-// The hierarchical collectives cut the buffer into `shards` shards (segment_layout's chunks), one
-// per rank of the widest host. A host of `neighbours` ranks reduces them a round of `neighbours`
-// consecutive shards at a time, rank i of the host ending with the round's i-th shard (the last
-// round may be short). A round is a layout of its own, relative to its first element `offset`.
+// The hierarchical collectives cut `numel` elements into `shards` shards of `shard_elems` (the
+// all-reduce's are segment_layout's chunks; the reduce-scatter's and all-gather's are columns), one
+// per rank of the widest host, the last ones short or empty past `numel`. A host of `neighbours`
+// ranks reduces them a round of `neighbours` consecutive shards at a time, rank i of the host ending
+// with the round's i-th shard (the last round may be short). A round is a layout of its own,
+// relative to its first element `offset`.
 struct ShardRound {
   std::size_t offset = 0;
   SegmentLayout layout;
 };
-std::vector<ShardRound> shard_rounds(std::size_t numel, std::size_t elem_size, int shards, int neighbours,
-                                     std::size_t segment_bytes);
+std::vector<ShardRound> shard_rounds(std::size_t numel, std::size_t shard_elems, std::size_t elem_size, int shards,
+                                     int neighbours, std::size_t segment_bytes);
 
 // One pipelined ring transfer of rank r: send `send` to rank r+1, receive `recv` from rank r-1.
 // What rank r sends at position k is exactly what rank r+1 receives at position k, empty spans

@@ -189,9 +189,9 @@ void Communicator::run_resolved(const CollectiveArgs& args, const char* auto_rol
   RR_CHECK(!hierarchical || has_hierarchy() || compressed, "hierarchical runs on a group whose ranks span several "
            "hosts with several ranks on some host; this group is ", hosts_ ? hosts_->layout.describe() : "on one host",
            ": use ring, central or one_shot");
-  RR_CHECK(!hierarchical || args.collective == Collective::AllReduce || (chunked && has_even_hierarchy()),
-           "hierarchical ", collective_name(args.collective), " needs the same number of ranks on every host; this "
-           "group is ", hosts_ ? hosts_->layout.describe() : "on one host");
+  RR_CHECK(!hierarchical || args.collective == Collective::AllReduce || (chunked && has_chunked_hierarchy()),
+           "a hierarchical ", collective_name(args.collective), " runs where it moves fewer bytes across hosts than "
+           "the ring; this group is ", hosts_ ? hosts_->layout.describe() : "on one host");
   Transport* neighbours = hierarchical ? hosts_->neighbours.get() : nullptr;
   const Reducer& reducer = this->reducer(args.dtype, args.op);
   const std::size_t wanted_lanes = positive_from_env(kLanesEnv, "1");
@@ -228,6 +228,10 @@ void Communicator::run_resolved(const CollectiveArgs& args, const char* auto_rol
                          args.collective == Collective::Reduce;
     // (A separate input is host memory, whose reducers prepare nothing.)
     if (reduces && args.numel > 0 && size() > 1) reducer.prepare(args.data, args.numel);
+    // The working memory of a hierarchical reduce-scatter or all-gather.
+    auto staging = [&] {
+      return host_scratch(hierarchical_staging_bytes(chunk, reducer.element_size(), hosts_->layout));
+    };
     if (args.numel == 0 && !checks_itself) {
       agree_on_nothing(*transport_);
     } else {
@@ -262,17 +266,15 @@ void Communicator::run_resolved(const CollectiveArgs& args, const char* auto_rol
                 *transport_, *hosts_, reducer, args.input != nullptr ? args.input : args.data,
                 args.output != nullptr ? args.output
                                        : static_cast<char*>(args.data) + rank() * chunk * reducer.element_size(),
-                host_scratch(hierarchical_staging_bytes(chunk, reducer.element_size(), size())), chunk, segment_bytes,
-                lanes, args.compression);
+                staging(), chunk, segment_bytes, lanes, args.compression);
           } else {
             ring_reduce_scatter(*transport_, reducer, args.data, chunk, segment_bytes, lanes, args.input);
           }
           break;
         case Collective::AllGather:
           if (hierarchical) {
-            hierarchical_all_gather(*transport_, *hosts_, reducer.element_size(), args.data,
-                                    host_scratch(hierarchical_staging_bytes(chunk, reducer.element_size(), size())),
-                                    chunk, segment_bytes, lanes);
+            hierarchical_all_gather(*transport_, *hosts_, reducer.element_size(), args.data, staging(), chunk,
+                                    segment_bytes, lanes);
           } else {
             ring_all_gather(*transport_, reducer.element_size(), args.data, chunk, segment_bytes, lanes);
           }

@@ -85,15 +85,16 @@ class Communicator {
   const HostLayout* host_layout() const { return hosts_ ? &hosts_->layout : nullptr; }
   // Whether Algorithm::Hierarchical can move fewer bytes across hosts than a flat algorithm here.
   bool has_hierarchy() const { return hosts_ && hosts_->layout.has_hierarchy(); }
-  // Whether the reduce-scatter and all-gather can run hierarchical too: the same number of ranks on
-  // every host. Algorithm::Auto runs them so here, and flat elsewhere.
-  bool has_even_hierarchy() const { return has_hierarchy() && hosts_->layout.even(); }
+  // Whether the reduce-scatter and all-gather can run hierarchical too: where they move fewer bytes
+  // across hosts than the ring (HostLayout::chunked_hierarchy_pays). Algorithm::Auto runs them so
+  // here, and flat elsewhere.
+  bool has_chunked_hierarchy() const { return hosts_ && hosts_->layout.chunked_hierarchy_pays(); }
   // Whether the group spans hosts: then a float32 SUM or AVG all-reduce can be compressed on the
   // link between them (Algorithm::Hierarchical, also where every host has one rank).
   bool spans_hosts() const { return hosts_ && hosts_->layout.hosts() > 1; }
   // What Algorithm::Auto runs for a reduce-scatter or all-gather here: hierarchical where it can
   // (it moves fewer bytes across hosts, in fewer steps), else the ring.
-  Algorithm chunked_auto() const { return has_even_hierarchy() ? Algorithm::Hierarchical : Algorithm::Ring; }
+  Algorithm chunked_auto() const { return has_chunked_hierarchy() ? Algorithm::Hierarchical : Algorithm::Ring; }
 
   // From now on a failure asks `membership` whether ranks were lost, and raises RanksLostError with
   // the survivors' agreed set when they were (else the failure as it was).

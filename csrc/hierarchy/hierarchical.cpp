@@ -158,7 +158,10 @@ class Stages {
   std::size_t elem() const { return reducer_.element_size(); }
   std::size_t within_lanes() const { return std::min(lanes_, tier_.neighbours->max_lanes()); }
   std::vector<ShardRound> rounds(std::size_t numel) const {
-    return shard_rounds(numel, elem(), tier_.layout.widest(), neighbours_, tier_.neighbours->default_segment_bytes());
+    const std::size_t segment_bytes = tier_.neighbours->default_segment_bytes();
+    const int shards = tier_.layout.widest();
+    return shard_rounds(numel, segment_layout(numel, elem(), shards, segment_bytes).chunk_elems, elem(), shards,
+                        neighbours_, segment_bytes);
   }
 
   Transport& across_;
@@ -263,14 +266,17 @@ void pipeline(std::size_t blocks, std::size_t window, const std::function<void(s
 }
 
 Transport& host_transport(HostTier& tier) {
-  RR_CHECK(tier.layout.even() && tier.neighbours, "the hierarchical reduce-scatter and all-gather need several ranks "
-           "on every host, the same number on each; this group is ", tier.layout.describe());
+  RR_CHECK(tier.layout.chunked_hierarchy_pays() && tier.neighbours, "the hierarchical reduce-scatter and all-gather "
+           "run where they move fewer bytes across hosts than the ring; this group is ", tier.layout.describe());
   return *tier.neighbours;
 }
 
 // The hierarchical reduce-scatter's and all-gather's blocks: block b is the same run of elements
 // of every rank's chunk, laid out by column (HostLayout::column_position) in slot b % slots of
-// `staging`. Stage by stage, a block is a small reduce-scatter or all-gather of its own.
+// `staging`. Stage by stage, a block is a small reduce-scatter or all-gather of its own. A host
+// with fewer ranks than the widest has runs in its columns that belong to no rank: its ranks take
+// the columns in rounds inside the host and each carries several across, those runs among them
+// (holding zeros) to reach no rank's result.
 class Columns {
  public:
   Columns(Transport& across, HostTier& tier, std::size_t chunk_elems, std::size_t elem, void* data, void* staging,
@@ -284,7 +290,7 @@ class Columns {
         staging_(static_cast<char*>(staging)),
         segment_bytes_(segment_bytes),
         lanes_(lanes),
-        blocks_(hierarchical_blocks(chunk_elems, elem, layout_.world(), kHierarchicalBlockBytes)),
+        blocks_(hierarchical_blocks(chunk_elems, elem, layout_.column_slots(), kHierarchicalBlockBytes)),
         wire_(std::move(wire)) {}
 
   std::size_t blocks() const { return blocks_.size(); }
@@ -292,6 +298,7 @@ class Columns {
   // Every rank's run of block b, from `from` (rank order, `data` or an input) into column order.
   void to_columns(std::size_t b, const char* from) {
     for (int rank = 0; rank < layout_.world(); ++rank) std::memcpy(in_columns(b, rank), from + in_ranks(b, rank), bytes(b));
+    zero_runs_of_no_rank(b);
   }
   // Every rank's run of block b back into rank order in `data`.
   void to_ranks(std::size_t b) {
@@ -299,58 +306,88 @@ class Columns {
   }
   // This rank's own run of block b, from `data` into the staging, or from there into `result`
   // (this rank's chunk).
-  void mine_to_columns(std::size_t b) { std::memcpy(in_columns(b, me()), data_ + in_ranks(b, me()), bytes(b)); }
+  void mine_to_columns(std::size_t b) {
+    std::memcpy(in_columns(b, me()), data_ + in_ranks(b, me()), bytes(b));
+    zero_runs_of_no_rank(b);
+  }
   void mine_to_result(std::size_t b, char* result) {
     std::memcpy(result + blocks_[b].offset * elem_, in_columns(b, me()), bytes(b));
   }
 
-  // Inside the host: local rank j ends with column j of block b summed over the host (not finished:
-  // the hosts' sums come next), or every column reaches every rank of the host.
+  // Inside the host, a round of columns at a time (HostLayout::shard_owner): each rank ends with its
+  // columns of block b summed over the host (not finished: the hosts' sums come next), or every
+  // column reaches every rank of the host.
   void reduce_within(std::size_t b, const Reducer& reducer) {
-    ring_reduce_scatter(within_, reducer, block(b), within_layout(b), within_lanes(), /*finishes=*/false);
-  }
-  void gather_within(std::size_t b) { ring_all_gather(within_, elem_, block(b), within_layout(b), within_lanes()); }
-
-  // Across hosts: column j's ranks, one per host, reduce-scatter it (host h's rank ending with host
-  // h's run: its own), or gather it. Compressed, the ring runs on the wire and only this rank's
-  // run is widened back.
-  void reduce_across(std::size_t b, const Reducer& reducer) {
-    SubsetTransport ring = shard_ring(across_, layout_, column());
-    if (!wire_.compressed()) {
-      ring_reduce_scatter(ring, reducer, column_of(b), across_layout(b), lanes_, /*finishes=*/true);
-      return;
+    for (const ShardRound& round : within_rounds(b)) {
+      ring_reduce_scatter(within_, reducer, block(b) + round.offset * elem_, round.layout, within_lanes(),
+                          /*finishes=*/false);
     }
-    // A host's run is a run of elements only where each element carries one value.
-    RR_CHECK(wire_.per_value(), "a reduce-scatter compresses to 16-bit values only");
-    float* values = reinterpret_cast<float*>(column_of(b));
-    const SegmentLayout on_wire = chunk_layout(blocks_[b].count, wire_.element_bytes(), layout_.hosts(), segment_bytes_);
-    void* wire = wire_.load(values, on_wire.numel,
-                            ring_schedule(on_wire, ring.size(), ring.rank(), lanes_, RingPhases::ReduceScatter),
-                            /*residual=*/nullptr);
-    ring_reduce_scatter(ring, wire_.reducer(values), wire, on_wire, lanes_, /*finishes=*/true);
-    wire_.unload(values, on_wire.chunk(ring.rank()));
+  }
+  void gather_within(std::size_t b) {
+    for (const ShardRound& round : within_rounds(b)) {
+      ring_all_gather(within_, elem_, block(b) + round.offset * elem_, round.layout, within_lanes());
+    }
+  }
+
+  // Across hosts, each column this rank carries in ascending order (as every rank, so that rings
+  // sharing a rank meet in the same order): its ranks, one per host, reduce-scatter it (host h's
+  // rank ending with host h's run: its own in its own column), or gather it. Compressed, the ring
+  // runs on the wire and only this rank's run is widened back.
+  void reduce_across(std::size_t b, const Reducer& reducer) {
+    for (int column = first_column(); column < layout_.widest(); column += within_.size()) {
+      SubsetTransport ring = shard_ring(across_, layout_, column);
+      if (!wire_.compressed()) {
+        ring_reduce_scatter(ring, reducer, column_of(b, column), across_layout(b), lanes_, /*finishes=*/true);
+        continue;
+      }
+      // A host's run is a run of elements only where each element carries one value.
+      RR_CHECK(wire_.per_value(), "a reduce-scatter compresses to 16-bit values only");
+      float* values = reinterpret_cast<float*>(column_of(b, column));
+      const SegmentLayout on_wire =
+          chunk_layout(blocks_[b].count, wire_.element_bytes(), layout_.hosts(), segment_bytes_);
+      void* wire = wire_.load(values, on_wire.numel,
+                              ring_schedule(on_wire, ring.size(), ring.rank(), lanes_, RingPhases::ReduceScatter),
+                              /*residual=*/nullptr);
+      ring_reduce_scatter(ring, wire_.reducer(values), wire, on_wire, lanes_, /*finishes=*/true);
+      wire_.unload(values, on_wire.chunk(ring.rank()));
+    }
   }
   void gather_across(std::size_t b) {
-    SubsetTransport ring = shard_ring(across_, layout_, column());
-    ring_all_gather(ring, elem_, column_of(b), across_layout(b), lanes_);
+    for (int column = first_column(); column < layout_.widest(); column += within_.size()) {
+      SubsetTransport ring = shard_ring(across_, layout_, column);
+      ring_all_gather(ring, elem_, column_of(b, column), across_layout(b), lanes_);
+    }
   }
 
  private:
   int me() const { return across_.rank(); }
-  int column() const { return layout_.local_of(me()); }  // this rank's place on its host
+  // The runs of block b that belong to no rank (a host short of ranks) carry zeros rather than what
+  // the slot last held: the sums they end as reach no result, and what crosses hosts stays defined.
+  void zero_runs_of_no_rank(std::size_t b) {
+    for (int host = 0; host < layout_.hosts(); ++host) {
+      for (int column = static_cast<int>(layout_.ranks_of(host).size()); column < layout_.widest(); ++column) {
+        std::memset(column_of(b, column) + static_cast<std::size_t>(host) * bytes(b), 0, bytes(b));
+      }
+    }
+  }
+  int first_column() const { return layout_.local_of(me()); }  // this rank's own: its place on its host
   std::size_t bytes(std::size_t b) const { return blocks_[b].count * elem_; }
   char* block(std::size_t b) const { return staging_ + (b % kHierarchicalStagedBlocks) * slot_bytes(); }
-  std::size_t slot_bytes() const { return blocks_[0].count * layout_.world() * elem_; }
+  std::size_t slot_bytes() const { return blocks_[0].count * layout_.column_slots() * elem_; }
   char* in_columns(std::size_t b, int rank) const {
     return block(b) + static_cast<std::size_t>(layout_.column_position(rank)) * bytes(b);
   }
-  char* column_of(std::size_t b) const { return in_columns(b, layout_.ranks_of(0)[column()]); }
+  char* column_of(std::size_t b, int column) const {
+    return block(b) + static_cast<std::size_t>(column) * layout_.hosts() * bytes(b);
+  }
   // Where rank r's run of block b sits in rank order, in bytes.
   std::size_t in_ranks(std::size_t b, int rank) const {
     return (static_cast<std::size_t>(rank) * chunk_elems_ + blocks_[b].offset) * elem_;
   }
-  SegmentLayout within_layout(std::size_t b) const {
-    return chunk_layout(blocks_[b].count * layout_.hosts(), elem_, within_.size(), within_.default_segment_bytes());
+  std::vector<ShardRound> within_rounds(std::size_t b) const {
+    const std::size_t column_elems = blocks_[b].count * layout_.hosts();
+    return shard_rounds(column_elems * layout_.widest(), column_elems, elem_, layout_.widest(), within_.size(),
+                        within_.default_segment_bytes());
   }
   SegmentLayout across_layout(std::size_t b) const {
     return chunk_layout(blocks_[b].count, elem_, layout_.hosts(), segment_bytes_);
@@ -405,9 +442,10 @@ void hierarchical_all_reduce(Transport& across, HostTier& tier, const Reducer& r
       [&](std::size_t b) { stages.gather_within(at(b), blocks[b].count); });
 }
 
-std::size_t hierarchical_staging_bytes(std::size_t chunk_elems, std::size_t elem_size, int world) {
-  const std::vector<Span> blocks = hierarchical_blocks(chunk_elems, elem_size, world, kHierarchicalBlockBytes);
-  return std::min(blocks.size(), kHierarchicalStagedBlocks) * blocks[0].count * static_cast<std::size_t>(world) *
+std::size_t hierarchical_staging_bytes(std::size_t chunk_elems, std::size_t elem_size, const HostLayout& layout) {
+  const int slots = layout.column_slots();
+  const std::vector<Span> blocks = hierarchical_blocks(chunk_elems, elem_size, slots, kHierarchicalBlockBytes);
+  return std::min(blocks.size(), kHierarchicalStagedBlocks) * blocks[0].count * static_cast<std::size_t>(slots) *
          elem_size;
 }
 

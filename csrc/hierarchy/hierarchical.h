@@ -58,9 +58,10 @@ std::vector<Span> hierarchical_blocks(std::size_t numel, std::size_t elem_size, 
 // working memory; the reduce-scatter's and all-gather's stay at kHierarchicalBlockBytes.
 std::size_t hierarchical_all_reduce_block_bytes(const HostLayout& layout);
 
-// The working memory of a hierarchical reduce-scatter or all-gather of `world` chunks of
-// `chunk_elems`: kHierarchicalStagedBlocks blocks at most, whatever the chunks' size.
-std::size_t hierarchical_staging_bytes(std::size_t chunk_elems, std::size_t elem_size, int world);
+// The working memory of a hierarchical reduce-scatter or all-gather of chunks of `chunk_elems` over
+// `layout` (HostLayout::column_slots of them, one per rank and one more for each rank a host lacks):
+// kHierarchicalStagedBlocks blocks at most, whatever the chunks' size.
+std::size_t hierarchical_staging_bytes(std::size_t chunk_elems, std::size_t elem_size, const HostLayout& layout);
 
 // Hierarchical all-reduce (as Horovod's and Open MPI HAN's): the buffer is cut into one shard per
 // rank of the widest host. Each host reduce-scatters the shards among its ranks, each rank then
@@ -83,12 +84,14 @@ void hierarchical_all_reduce(Transport& across, HostTier& tier, const Reducer& r
                              std::size_t segment_bytes, std::size_t lanes, Compression compression = Compression::None,
                              float* residual = nullptr);
 
-// Hierarchical reduce-scatter (what FSDP and ZeRO call) where every host has k ranks
-// (HostLayout::even): the world chunks of `chunk_elems` are laid out by column in `staging`
-// (HostLayout::column_position), each host reduce-scatters its k columns among its ranks, and then
-// the ranks of column j reduce-scatter it across hosts, each ending with its own chunk. Each host's
-// link carries (H-1)/H of the buffer against (N-1)/N in a flat ring, and a rank makes (k-1)+(H-1)
-// steps against N-1. Pipelined in blocks as the all-reduce. `source` (every rank's chunk, in rank
+// Hierarchical reduce-scatter (what FSDP and ZeRO call) where it moves fewer bytes across hosts
+// (HostLayout::chunked_hierarchy_pays): the world chunks of `chunk_elems` are laid out by column in
+// `staging` (HostLayout::column_position), each host reduce-scatters its columns among its ranks,
+// and then the ranks of column j, one per host, reduce-scatter it across hosts, each ending with
+// its own chunk. Where every host has k ranks, each host's link carries (H-1)/H of the buffer
+// against (N-1)/N in a flat ring, and a rank makes (k-1)+(H-1) steps against N-1. A host with
+// fewer ranks than the widest takes its columns in rounds and carries the missing ones across too.
+// Pipelined in blocks as the all-reduce. `source` (every rank's chunk, in rank
 // order) is only read; this rank's reduced chunk lands in `result` (chunk_elems elements). `staging`
 // is hierarchical_staging_bytes() of working memory, apart from both. A `compression` compresses the
 // rings across hosts as the all-reduce's (each value rounded once per host; the owner widens its

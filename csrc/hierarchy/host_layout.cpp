@@ -33,6 +33,10 @@ bool HostLayout::even() const {
                      [&](const std::vector<int>& ranks) { return static_cast<int>(ranks.size()) == widest_; });
 }
 
+bool HostLayout::chunked_hierarchy_pays() const {
+  return has_hierarchy() && widest_ * (hosts() - 1) < world() - 1;
+}
+
 std::string HostLayout::describe() const {
   const auto plural = [](int n, const char* word) { return detail::concat(n, " ", word, n == 1 ? "" : "s"); };
   if (even()) return detail::concat(plural(hosts(), "host"), " x ", plural(widest_, "rank"));

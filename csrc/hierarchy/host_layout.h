@@ -29,12 +29,20 @@ class HostLayout {
   bool has_hierarchy() const { return hosts() > 1 && widest_ > 1; }
   // Which rank of `host` carries shard `shard` across hosts (ranks of a smaller host take several).
   int shard_owner(int host, int shard) const;
-  // Whether every host has the same number of ranks (what the hierarchical reduce-scatter and
-  // all-gather need: one column of chunks per local rank, one chunk per host in each).
+  // Whether every host has the same number of ranks.
   bool even() const;
-  // Where rank r's chunk sits when a reduce-scatter or all-gather is laid out by column: the chunks
-  // of local rank j of every host side by side, host by host, column after column.
+  // A reduce-scatter or all-gather laid out by column: a column per rank of the widest host, a chunk
+  // per host in each, so widest() x hosts() chunks. Rank r's chunk sits in column local_of(r) at
+  // host_of(r); where a host has fewer ranks, its chunks in the columns past them belong to no rank,
+  // and the host's rank that carries that column across hosts (shard_owner) carries them too.
+  int column_slots() const { return widest_ * hosts(); }
   int column_position(int rank) const { return local_of_[rank] * hosts() + host_of_[rank]; }
+  // Whether the hierarchical reduce-scatter and all-gather move fewer bytes across hosts than the
+  // flat ring: each column's ring crosses each host's link with hosts() - 1 chunks, widest() x
+  // (hosts() - 1) in all, against the world() - 1 of the flat ring where it crosses. So where every
+  // host has the same number (2 or more) of ranks, and where they differ by little (3+2, 4+4+3; not
+  // 2+1+2, whose links carry 4 chunks either way, nor any layout with a host of one rank).
+  bool chunked_hierarchy_pays() const;
   // "2 hosts x 2 ranks", or "3 hosts (2+1+2 ranks)" when they differ.
   std::string describe() const;
 

@@ -114,7 +114,7 @@ class RingReduceBackend final : public c10d::Backend {
   // The communicator for tensors on `tensor`'s device.
   Communicator& communicator(const at::Tensor& tensor);
   // A reduce-scatter's or all-gather's algorithm: the flat ring when the group's algorithm is
-  // "ring", else auto (hierarchical where every host has the same number of ranks).
+  // "ring", else auto (hierarchical where that moves fewer bytes across hosts).
   Algorithm chunked_algorithm() const { return algorithm_ == Algorithm::Ring ? Algorithm::Ring : Algorithm::Auto; }
   // The fallback for an op the engine does not run: gloo for CPU tensors, NCCL for CUDA tensors.
   // (A reference held for the call.)

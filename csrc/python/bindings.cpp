@@ -217,9 +217,9 @@ PYBIND11_MODULE(_C, m) {
            "first collective.")
       .def_property_readonly("has_hierarchy", &Communicator::has_hierarchy,
                              "Whether algorithm 'hierarchical' runs here (several hosts, several ranks on some).")
-      .def_property_readonly("has_even_hierarchy", &Communicator::has_even_hierarchy,
-                             "Whether reduce-scatter and all-gather run hierarchical here (several hosts, the same "
-                             "number of ranks, 2 or more, on each).")
+      .def_property_readonly("has_chunked_hierarchy", &Communicator::has_chunked_hierarchy,
+                             "Whether reduce-scatter and all-gather run hierarchical here (where they move fewer "
+                             "bytes across hosts than the ring: 2x2, 3+2, 4+4+3, not 2+1+2).")
       .def(
           "auto_choices",
           [](Communicator& communicator) {
@@ -399,6 +399,12 @@ PYBIND11_MODULE(_C, m) {
       py::arg("algorithm"), py::arg("bytes"), py::arg("host_of_rank"),
       "The cost model's terms of an all-reduce (engine/cost_model.h) by algorithm code, rank r on host "
       "host_of_rank[r].");
+  m.def(
+      "chunked_hierarchy_pays",
+      [](const std::vector<int>& host_of_rank) { return HostLayout(host_of_rank).chunked_hierarchy_pays(); },
+      py::arg("host_of_rank"),
+      "Whether the hierarchical reduce-scatter and all-gather run with rank r on host host_of_rank[r]: where "
+      "they move fewer bytes across hosts than the ring (hierarchy/host_layout.h).");
   m.def(
       "choose_algorithm",
       [](const std::string& transport, int world, std::uint64_t bytes, bool host_memory, bool spans_hosts) {

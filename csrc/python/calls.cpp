@@ -365,15 +365,16 @@ std::string hosts_of(const Communicator& communicator) {
 }
 
 // The algorithm a reduce-scatter or all-gather (`name`) runs: auto's choice, ring, or hierarchical
-// where every host has the same number of ranks.
+// where it moves fewer bytes across hosts (HostLayout::chunked_hierarchy_pays).
 Algorithm chunked_algorithm(const Communicator& communicator, Algorithm algorithm, const char* name) {
   if (algorithm == Algorithm::Auto) return communicator.chunked_auto();
   if (algorithm == Algorithm::Ring) return algorithm;
-  if (algorithm == Algorithm::Hierarchical && communicator.has_even_hierarchy()) return algorithm;
+  if (algorithm == Algorithm::Hierarchical && communicator.has_chunked_hierarchy()) return algorithm;
   if (algorithm == Algorithm::Hierarchical) {
-    throw py::value_error(detail::concat("ringreduce.", name, ": algorithm 'hierarchical' needs a group whose ranks "
-                                         "span several hosts, the same number (2 or more) on each; ",
-                                         hosts_of(communicator), ". Use 'auto' or 'ring'"));
+    throw py::value_error(detail::concat(
+        "ringreduce.", name, ": algorithm 'hierarchical' runs where it moves fewer bytes across hosts than the ring: "
+        "several hosts of 2 or more ranks, the most ranks on a host times (hosts - 1) below ranks - 1 (2x2, 3+2, "
+        "4+4+3); ", hosts_of(communicator), ". Use 'auto' or 'ring'"));
   }
   throw py::value_error(detail::concat("ringreduce.", name, ": algorithm '", algorithm_name(algorithm),
                                        "' does not run here; use 'auto', 'ring' or 'hierarchical'"));
@@ -397,9 +398,9 @@ Compression link_compression(const Communicator& communicator, Compression asked
     exact_because = "there is no link between hosts to compress";
   } else if (collective == Collective::ReduceScatter && asked == Compression::Int8) {
     exact_because = "int8 compresses all-reduces only (a reduce-scatter takes bf16 or fp16)";
-  } else if (collective == Collective::ReduceScatter && !communicator.has_even_hierarchy()) {
-    exact_because = "a reduce-scatter runs hierarchical, and compressed, where every host has the same number (2 or "
-                    "more) of ranks";
+  } else if (collective == Collective::ReduceScatter && !communicator.has_chunked_hierarchy()) {
+    exact_because = "a reduce-scatter runs hierarchical, and compressed, only where that moves fewer bytes across "
+                    "hosts than the ring (every host with the same number, 2 or more, of ranks, or nearly)";
   } else if (dtype != DType::Float32) {
     exact_because = "only float32 values are compressed (16-bit ones already cross in 16 bits)";
   } else if (op != ReduceOp::Sum && op != ReduceOp::Avg) {

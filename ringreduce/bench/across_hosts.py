@@ -19,6 +19,7 @@ import re
 import subprocess
 import sys
 
+from ringreduce import _C
 from ringreduce.bench import model
 from ringreduce.bench.hosts import EmulatedHosts, available, in_order
 from ringreduce.bench.report import human_bytes
@@ -81,8 +82,10 @@ def run(counts, link, sizes, trials=DEFAULT_TRIALS, row_seconds=DEFAULT_ROW_SECO
         raise SystemExit(f"--hosts: {reason}")
     if collective not in LINK_SHARE:
         raise SystemExit(f"--hosts times {', '.join(LINK_SHARE)}; not --collective {collective}")
-    # They need the same number of ranks on every host, and hierarchy needs several ranks on some host.
-    if max(counts) == 1 or (collective != "all_reduce" and len(set(counts)) > 1):
+    # Hierarchy needs several ranks on some host; the reduce-scatter's and all-gather's, that it move
+    # fewer bytes across hosts than the ring (not on 2+1+2).
+    host_of_rank = [host for host, count in enumerate(counts) for _ in range(count)]
+    if max(counts) == 1 or (collective != "all_reduce" and not _C.chunked_hierarchy_pays(host_of_rank)):
         rows = [r for r in rows if r not in ("hierarchical", *COMPRESSED)]
     options = json.dumps({"sizes": sizes, "trials": trials, "row_seconds": row_seconds, "rows": list(rows),
                           "collective": collective})
