@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 import ringreduce
+from ringreduce import _C
 from multiproc import run_ranks
 
 R = dist.ReduceOp
@@ -149,11 +150,11 @@ def _compressed(rank, world, layout):
             worst[compress, str(op), False] = _check_sizes(rank, world, hosts, compress, op, signed=False)
         worst[compress, "sum", True] = _check_sizes(rank, world, hosts, compress, R.SUM, signed=True)
         _check_rounding(rank, compress)
-        if len(set(layout.count(h) for h in layout)) == 1:  # the same number of ranks on every host
+        if _C.chunked_hierarchy_pays([ord(h) for h in layout]):  # a hierarchical reduce-scatter
             _check_reduce_scatter(rank, world, hosts, compress, R.AVG if compress == "fp16" else R.SUM)
 
     # A reduce-scatter over 2+1+2 runs flat (hierarchical would move no fewer bytes), and exact.
-    if len(set(layout.count(h) for h in layout)) > 1:
+    if not _C.chunked_hierarchy_pays([ord(h) for h in layout]):
         data = torch.arange(world * 100, dtype=torch.float32) / 7 + rank
         compressed, plain = torch.empty(100), torch.empty(100)
         said = io.StringIO()
@@ -200,7 +201,9 @@ def _compressed(rank, world, layout):
     return worst
 
 
-@pytest.mark.parametrize("layout", ["aabb", "aabcc"])
+# 2x2; 2+1+2 (a host of one rank; the reduce-scatter flat); 3+2 placed round-robin (the host of two
+# carries the third column of the reduce-scatter across).
+@pytest.mark.parametrize("layout", ["aabb", "aabcc", "aabab"])
 def test_compressed_link_is_within_its_bound_and_the_same_on_every_rank(layout):
     worst = run_ranks(len(layout), _compressed, layout, env=functools.partial(_host_env, layout))
     assert all(w == worst[0] for w in worst)
