@@ -164,9 +164,9 @@ void Communicator::run_resolved(const CollectiveArgs& args, const char* auto_rol
   RR_CHECK(!chunked || args.numel % static_cast<std::size_t>(size()) == 0,
            collective_name(args.collective), " of ", args.numel, " elements does not split into ", size(), " chunks");
   const bool hierarchical = args.algorithm == Algorithm::Hierarchical;
-  const std::size_t segment_bytes = args.segment_bytes > 0 ? args.segment_bytes
-                                    : hierarchical         ? kHierarchicalSegmentBytes
-                                                           : transport_->default_segment_bytes();
+  const std::size_t segment_bytes = args.segment_bytes > 0      ? args.segment_bytes
+                                    : hierarchical && hosts_ ? hierarchical_segment_bytes(hosts_->layout)
+                                                             : transport_->default_segment_bytes();
   RR_CHECK(args.algorithm != Algorithm::Auto, "the algorithm must be resolved before the collective runs");
   RR_CHECK(!host_memory_only(args.algorithm) || stream_ == nullptr, algorithm_name(args.algorithm),
            " runs on host memory only; use ring or central for device tensors");

@@ -418,6 +418,10 @@ std::vector<Span> hierarchical_blocks(std::size_t numel, std::size_t elem_size, 
   return blocks;
 }
 
+std::size_t hierarchical_segment_bytes(const HostLayout& layout) {
+  return layout.hosts() >= kLongRingHosts ? kMinCrossingStepBytes : kHierarchicalSegmentBytes;
+}
+
 std::size_t hierarchical_all_reduce_block_bytes(const HostLayout& layout) {
   const std::size_t steps = static_cast<std::size_t>(layout.widest()) * static_cast<std::size_t>(layout.hosts());
   return std::max(kHierarchicalBlockBytes, steps * kMinCrossingStepBytes);

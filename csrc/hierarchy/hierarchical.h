@@ -48,6 +48,19 @@ constexpr std::size_t kHierarchicalStagedBlocks = 3;
 // 300-303 with 256-512 KiB (benchmarks/RESULTS.md).
 constexpr std::size_t kHierarchicalSegmentBytes = 512 << 10;
 
+// Rings of this many hosts or more take segments of kMinCrossingStepBytes instead: one message per
+// ring step of an all-reduce's block, each message costing CPU (gloo's work object, its wake-up, a
+// round of TCP), where the overlap that a second segment per step buys pays off only in short
+// rings. On emulated hosts (2 Gbit/s) at 16 MiB: 8 x 2 ran 1.16-1.31x gloo's speed with 512 KiB
+// segments (mean 1.24, five runs) and 1.34-1.45x with 1 MiB (mean 1.41; 2 MiB 1.28-1.38x, three
+// runs), using less CPU; on 4 x 2 the two were even (1.15-1.17x and 1.13-1.14x); on 2 x 2 at 64 MiB
+// 1 MiB segments were 9% slower (benchmarks/RESULTS.md).
+constexpr int kLongRingHosts = 4;
+
+// The default segment of the rings across the hosts of `layout`: kHierarchicalSegmentBytes, or
+// kMinCrossingStepBytes in rings of kLongRingHosts hosts or more.
+std::size_t hierarchical_segment_bytes(const HostLayout& layout);
+
 // The blocks of `block_bytes` of an all-reduce of `numel` elements (parts = 1; one, possibly empty,
 // at least); or, with `parts` chunks of `numel`, the runs of a chunk that make a block together with
 // the same run of every other chunk (a reduce-scatter's or all-gather's).
