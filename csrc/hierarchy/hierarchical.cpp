@@ -121,7 +121,7 @@ class Stages {
   void reduce_across(char* block, std::size_t numel) {
     const HostLayout& layout = tier_.layout;
     const SegmentLayout by_shard = segment_layout(numel, elem(), layout.widest(), segment_bytes_);
-    for (int shard = layout.local_of(across_.rank()); shard < layout.widest(); shard += neighbours_) {
+    for (const int shard : layout.shards_of(across_.rank())) {
       const Span span = by_shard.chunk(shard);
       if (span.count == 0) continue;  // past the block's end, on every host alike
       SubsetTransport ring = shard_ring(across_, layout, shard);
@@ -334,7 +334,7 @@ class Columns {
   // rank ending with host h's run: its own in its own column), or gather it. Compressed, the ring
   // runs on the wire and only this rank's run is widened back.
   void reduce_across(std::size_t b, const Reducer& reducer) {
-    for (int column = first_column(); column < layout_.widest(); column += within_.size()) {
+    for (const int column : layout_.shards_of(me())) {
       SubsetTransport ring = shard_ring(across_, layout_, column);
       if (!wire_.compressed()) {
         ring_reduce_scatter(ring, reducer, column_of(b, column), across_layout(b), lanes_, /*finishes=*/true);
@@ -353,7 +353,7 @@ class Columns {
     }
   }
   void gather_across(std::size_t b) {
-    for (int column = first_column(); column < layout_.widest(); column += within_.size()) {
+    for (const int column : layout_.shards_of(me())) {
       SubsetTransport ring = shard_ring(across_, layout_, column);
       ring_all_gather(ring, elem_, column_of(b, column), across_layout(b), lanes_);
     }
@@ -370,7 +370,6 @@ class Columns {
       }
     }
   }
-  int first_column() const { return layout_.local_of(me()); }  // this rank's own: its place on its host
   std::size_t bytes(std::size_t b) const { return blocks_[b].count * elem_; }
   char* block(std::size_t b) const { return staging_ + (b % kHierarchicalStagedBlocks) * slot_bytes(); }
   std::size_t slot_bytes() const { return blocks_[0].count * layout_.column_slots() * elem_; }

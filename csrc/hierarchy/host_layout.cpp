@@ -28,6 +28,13 @@ int HostLayout::shard_owner(int host, int shard) const {
   return ranks[shard % static_cast<int>(ranks.size())];
 }
 
+std::vector<int> HostLayout::shards_of(int rank) const {
+  std::vector<int> shards;
+  const int step = static_cast<int>(ranks_[host_of_[rank]].size());
+  for (int shard = local_of_[rank]; shard < widest_; shard += step) shards.push_back(shard);
+  return shards;
+}
+
 bool HostLayout::even() const {
   return std::all_of(ranks_.begin(), ranks_.end(),
                      [&](const std::vector<int>& ranks) { return static_cast<int>(ranks.size()) == widest_; });

@@ -29,6 +29,8 @@ class HostLayout {
   bool has_hierarchy() const { return hosts() > 1 && widest_ > 1; }
   // Which rank of `host` carries shard `shard` across hosts (ranks of a smaller host take several).
   int shard_owner(int host, int shard) const;
+  // The shards (columns) rank r carries across hosts, ascending: those shard_owner gives it.
+  std::vector<int> shards_of(int rank) const;
   // Whether every host has the same number of ranks.
   bool even() const;
   // A reduce-scatter or all-gather laid out by column: a column per rank of the widest host, a chunk
