@@ -7,33 +7,55 @@ import sys
 
 import pytest
 
-from ringreduce.bench import timing
+from ringreduce.bench import options, timing
 from ringreduce.bench.options import COLLECTIVES
 from ringreduce.bench.report import BUS_FACTORS
 
 BENCH_TIMEOUT_S = 240
 
 
-@pytest.mark.parametrize("collective", COLLECTIVES)
-def test_bench_rows_are_checked_and_correct(collective, tmp_path):
-    out = tmp_path / "bench.json"
+def test_bench_rows_of_every_collective_are_checked_and_correct(tmp_path):
+    """One launch times every collective in turn (--collective all): a table each, every row checked."""
+    out, picture = tmp_path / "bench.json", tmp_path / "bench.png"
     done = subprocess.run([sys.executable, "-m", "ringreduce.bench", "--world", "2", "--sizes", "4K,300K",
-                           "--collective", collective, "--trials", "3", "--iters", "3", "--no-mpi", "--progress", "0",
-                           "--json", str(out)], capture_output=True, text=True, timeout=BENCH_TIMEOUT_S)
+                           "--collective", "all", "--trials", "3", "--iters", "3", "--no-mpi", "--progress", "0",
+                           "--json", str(out), "--plot", str(picture)], capture_output=True, text=True,
+                          timeout=BENCH_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]
     records = json.loads(out.read_text())
-    names = {(r["impl"], r["transport"]) for r in records}
-    assert {("ringreduce", "shm"), ("ringreduce", "torch.distributed"), ("torch.distributed", "gloo")} <= names, names
-    assert {r["bytes"] for r in records} >= {4096}
-    for r in records:
-        assert r["collective"] == collective and r["wrong"] == 0, r
-        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * BUS_FACTORS[collective][1](2)), r
-        assert 0 < r["fastest_us"] <= r["time_us"], r
-    assert f"# {collective}, 2 ranks" in done.stdout
-    if collective == "all_reduce":
-        algorithms = {r["algorithm"] for r in records if r["transport"] == "shm"}
-        assert algorithms == {"ring", "central", "one_shot", "auto"}, algorithms
-        assert "# auto/shm against the best of ring, central, one_shot" in done.stdout
+    assert [r["collective"] for r in records] == sorted((r["collective"] for r in records), key=COLLECTIVES.index)
+    for collective in COLLECTIVES:
+        rows = [r for r in records if r["collective"] == collective]
+        names = {(r["impl"], r["transport"]) for r in rows}
+        assert {("ringreduce", "shm"), ("ringreduce", "torch.distributed"), ("torch.distributed", "gloo")} <= names, (
+            collective, names)
+        assert {r["bytes"] for r in rows} >= {4096}, collective
+        for r in rows:
+            assert r["wrong"] == 0, r
+            assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * BUS_FACTORS[collective][1](2)), r
+            assert 0 < r["fastest_us"] <= r["time_us"], r
+        assert done.stdout.count(f"# {collective}, 2 ranks") == 1, done.stdout
+    algorithms = {r["algorithm"] for r in records if r["transport"] == "shm" and r["collective"] == "all_reduce"}
+    assert algorithms == {"ring", "central", "one_shot", "auto"}, algorithms
+    assert "# auto/shm against the best of ring, central, one_shot" in done.stdout
+    assert picture.stat().st_size > 0
+
+
+@pytest.mark.parametrize("argument, said", [
+    ("--collective=reduce,gather", "argument --collective: gather is not one of all_reduce, reduce_scatter, "
+                                   "all_gather, broadcast, reduce (or all)"),
+    ("--collective=,", "argument --collective: nothing is not one of"),
+])
+def test_collectives_not_offered_are_refused_by_name(argument, said, capsys):
+    with pytest.raises(SystemExit) as refused:
+        options.parse_args([argument])
+    assert refused.value.code == 2 and said in capsys.readouterr().err
+
+
+def test_a_list_of_collectives_is_kept_in_order_once_each():
+    assert options.parse_args(["--collective", "reduce, all_reduce,reduce"]).collectives == ["reduce", "all_reduce"]
+    assert options.parse_args(["--collective", "all"]).collectives == list(COLLECTIVES)
+    assert options.parse_args([]).collectives == ["all_reduce"]
 
 
 def test_the_openmpi_row_runs_in_the_benchmarks_own_processes(tmp_path):
@@ -119,8 +141,9 @@ def test_trials_are_sized_from_blocks_of_calls_not_from_one_call(monkeypatch, du
 
 
 @pytest.mark.parametrize("argument", ["--trials=0", "--iters=-1", "--warmup=-2", "--row-seconds=0"])
-def test_counts_below_their_bound_are_refused_with_the_option_named(argument):
-    done = subprocess.run([sys.executable, "-m", "ringreduce.bench", argument], capture_output=True, text=True,
-                          timeout=BENCH_TIMEOUT_S)
+def test_counts_below_their_bound_are_refused_with_the_option_named(argument, capsys):
+    with pytest.raises(SystemExit) as refused:
+        options.parse_args([argument])
     option = argument.split("=")[0]
-    assert done.returncode == 2 and f"argument {option}: " in done.stderr and "is below" in done.stderr, done.stderr
+    said = capsys.readouterr().err
+    assert refused.value.code == 2 and f"argument {option}: " in said and "is below" in said, said

@@ -18,7 +18,7 @@ DTYPES = {
     "int64": torch.int64,
 }
 DEFAULT_SIZES = "4K,64K,1M,16M,64M"
-# What --collective can time; sizes are the whole buffer (a reduce-scatter's input, an all-gather's
+# What --collective can time (one launch times several in turn); sizes are the whole buffer (a reduce-scatter's input, an all-gather's
 # output), as in nccl-tests.
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")
 # The one algorithm each collective but all_reduce runs on (broadcast: a chain along the ring;
@@ -72,6 +72,19 @@ def at_least(low, kind=int):
     return parse
 
 
+def collective_list(text: str) -> list:
+    """An argparse type: collectives, comma-separated (each timed in turn by the same ranks), or "all"."""
+    names = list(COLLECTIVES) if text.strip() == "all" else [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in COLLECTIVES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"{', '.join(unknown) or 'nothing'} is not one of {', '.join(COLLECTIVES)} "
+                                         f"(or all)")
+    return list(dict.fromkeys(names))
+
+
+collective_list.__name__ = "list of collectives"  # argparse's name for the type
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="python -m ringreduce.bench", description=DESCRIPTION)
     parser.add_argument("--world", type=int, default=2, help="local ranks to launch (ignored under torchrun)")
@@ -79,8 +92,9 @@ def parse_args(argv=None):
     parser.add_argument("-b", "--minbytes", help="smallest size (with -e and -f, like nccl-tests)")
     parser.add_argument("-e", "--maxbytes", help="largest size")
     parser.add_argument("-f", "--stepfactor", type=int, default=4, help="size multiplier between rows")
-    parser.add_argument("--collective", choices=COLLECTIVES, default="all_reduce",
-                        help="the collective to time (all but all_reduce: one algorithm each, CPU transports only)")
+    parser.add_argument("--collective", dest="collectives", type=collective_list, default=["all_reduce"],
+                        metavar="LIST", help=f"the collectives to time, one table each: {', '.join(COLLECTIVES)}, "
+                        "comma-separated, or all (all but all_reduce: one algorithm each, CPU transports only)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     parser.add_argument("--op", choices=sorted(OPS), default="sum")
     parser.add_argument("--iters", type=at_least(0), default=0,

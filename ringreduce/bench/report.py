@@ -144,24 +144,27 @@ def print_ratios(records, out, key):
 
 
 def plot(records, path):
+    """busbw against size, a panel per collective timed."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    first = records[0]
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for name in dict.fromkeys(row_name(r) for r in records):
-        rows = sorted((r for r in records if row_name(r) == name), key=lambda r: r["bytes"])
-        style = "-" if name.startswith("ringreduce ring") else "--" if name.startswith("ringreduce") else ":"
-        ax.plot([r["bytes"] for r in rows], [r["busbw_GBps"] for r in rows], style, marker="o", label=name)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")  # rows span three orders of magnitude
-    ax.set_xlabel("message size (bytes)")
-    ax.set_ylabel("bus bandwidth (GB/s)")
-    ax.set_title(f"{first.get('collective', 'all_reduce')}, {first['world']} ranks, {first['dtype']} {first['op']}")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize="small")
+    collectives = list(dict.fromkeys(r.get("collective", "all_reduce") for r in records))
+    fig, axes = plt.subplots(1, len(collectives), figsize=(8 * len(collectives), 5), squeeze=False)
+    for ax, collective in zip(axes[0], collectives):
+        shown = [r for r in records if r.get("collective", "all_reduce") == collective]
+        for name in dict.fromkeys(row_name(r) for r in shown):
+            rows = sorted((r for r in shown if row_name(r) == name), key=lambda r: r["bytes"])
+            style = "-" if name.startswith("ringreduce ring") else "--" if name.startswith("ringreduce") else ":"
+            ax.plot([r["bytes"] for r in rows], [r["busbw_GBps"] for r in rows], style, marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")  # rows span three orders of magnitude
+        ax.set_xlabel("message size (bytes)")
+        ax.set_ylabel("bus bandwidth (GB/s)")
+        ax.set_title(f"{collective}, {shown[0]['world']} ranks, {shown[0]['dtype']} {shown[0]['op']}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

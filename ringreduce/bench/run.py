@@ -11,6 +11,7 @@ busbw = algbw * 2(n-1)/n, as in nccl-tests. #wrong counts wrong elements in a se
 pass that checks the result against its closed form.
 """
 
+import argparse
 import contextlib
 import functools
 import json
@@ -171,7 +172,7 @@ def process_rows(args, rank, world):
                          collective_call(dist, collective, group=backend_group), contextlib.nullcontext))
             rows.append(("torch.distributed", "-", dist.get_backend(), "cpu", collective_call(dist, collective),
                          contextlib.nullcontext))
-    mpi = peers.mpi_row(args) if wants_mpi_row(args) else None
+    mpi = peers.mpi_row(args) if collective == "all_reduce" and wants_mpi_row(args) else None
     if mpi is not None:
         rows.append(mpi)
     if gpus_for_processes(args, world):
@@ -263,6 +264,11 @@ def memcpy_roof(nbytes: int, repeats: int = 5) -> float:
 # ---- launching ----------------------------------------------------------------------------------
 
 
+def for_collective(args, collective):
+    """The options of one collective's sweep: `args` with args.collective set."""
+    return argparse.Namespace(**{**vars(args), "collective": collective})
+
+
 def bench_rank(rank, world, args):
     """Body of every rank. Returns the records on rank 0, None elsewhere."""
     torch.set_num_threads(1)  # one core per rank, as the transports assume
@@ -270,8 +276,10 @@ def bench_rank(rank, world, args):
     if rank == 0:
         roof = memcpy_roof(max(size_sweep(args)))
     dist.barrier()
-    records = run_sweep(args, rank, world)
-    if (rank == 0 and args.collective == "all_reduce" and args.gpu != "off" and torch.cuda.is_available()
+    records = []
+    for collective in args.collectives:  # in turn, by the same ranks: one start-up for all
+        records += run_sweep(for_collective(args, collective), rank, world)
+    if (rank == 0 and "all_reduce" in args.collectives and args.gpu != "off" and torch.cuda.is_available()
             and not gpus_for_processes(args, world)):
         records += virtual_gpu_rows(args, world)
     dist.barrier()
@@ -292,7 +300,7 @@ def spawned_rank(rank, world, store_path, args, out_path):
 
 
 def wants_mpi_row(args) -> bool:
-    return not args.no_mpi and args.collective == "all_reduce" and args.gpu != "only"
+    return not args.no_mpi and "all_reduce" in args.collectives and args.gpu != "only"
 
 
 def launch(args, argv):
@@ -320,7 +328,9 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     if args.hosts:
-        across_hosts.main(args, size_sweep(args))
+        if len(args.collectives) > 1:
+            raise SystemExit(f"--hosts times one collective per run; --collective names {len(args.collectives)}")
+        across_hosts.main(for_collective(args, args.collectives[0]), size_sweep(args))
         return
     if args.world < 1:
         raise SystemExit("--world must be at least 1")
@@ -330,7 +340,9 @@ def main(argv=None):
     records, roof = result
     if not records:
         raise SystemExit("no rows to time: --gpu only needs a CUDA GPU, and the CPU rows were switched off")
-    report.print_table(records, roof, sys.stdout)
+    for index, collective in enumerate(args.collectives):
+        sys.stdout.write("\n" if index else "")  # a blank line between the collectives' tables
+        report.print_table([r for r in records if r["collective"] == collective], roof, sys.stdout)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(records, f, indent=1)
