@@ -150,7 +150,8 @@ def run(args):
         store = dist.TCPStore(args.master_addr, args.master_port, is_master=True, wait_for_workers=False,
                               timeout=datetime.timedelta(seconds=60))
         args.master_port = store.port
-    procs = mp.start_processes(train, args=(args,), nprocs=args.nproc, join=False, start_method="spawn")
+    # forkserver: clean ranks, as spawn, forked from one process that has imported torch (train_ddp.launch).
+    procs = mp.start_processes(train, args=(args,), nprocs=args.nproc, join=False, start_method="forkserver")
     for proc in procs.processes:
         proc.join(timeout=args.timeout)
     codes = [proc.exitcode for proc in procs.processes]

@@ -249,7 +249,7 @@ def parse(argv=None):
 
 def run(args):
     """Every scheme on `args.world` spawned ranks; rank 0's rows."""
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")  # clean ranks, as spawn, forked from one import of torch (train_ddp.launch)
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         procs = [ctx.Process(target=rank_main, args=(r, args.world, os.path.join(tmp, "store"), args, queue))
