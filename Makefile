@@ -44,6 +44,7 @@ build: install
 # PYTHONSAFEPATH: the source folder is not put on sys.path, so `import ringreduce` finds the installed wheel.
 # Two pytest-xdist workers, each taking whole files: the suite's ranks leave about a quarter of the two cores
 # idle (waiting on timeouts, links, process start); on 2026-12-03 one worker took 13:20, two 10:07.
+# A third only adds contention: on 2026-12-07 three took 16:37 of tests, two 15:48 (the suite is CPU-bound).
 TEST_WORKERS ?= 2
 test: build
 	PYTHONSAFEPATH=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
