@@ -86,7 +86,9 @@ def test_an_idle_group_costs_each_rank_twelve_requests_a_second_whatever_its_siz
     before, began = [c.requests for c in counters], time.monotonic()
     time.sleep(IDLE_WINDOW_S)
     per_second = [(c.requests - b) / (time.monotonic() - began) for c, b in zip(counters, before)]
-    assert all(11 - 0.5 <= n <= 12 + 0.5 for n in per_second), per_second
+    # 12 a second, one period's 3 requests more or fewer as the window's edges fall (0.5 for the window's
+    # own overshoot); a count that grew with the group would leave this band at 16 ranks.
+    assert all(11 - 0.5 <= n <= 13 + 0.5 for n in per_second), per_second
     assert len(backends) == world
 
 
