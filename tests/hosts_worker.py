@@ -208,6 +208,9 @@ def stall(rank, world):
     y = torch.full((100,), float(rank))
     dist.all_reduce(y, group=shrunk)
     store.wait([f"told/{r}" for r in outcome["lost"]], datetime.timedelta(seconds=TOLD_WAIT_S))
+    store.set(f"read/{rank}", "1")
+    if rank == 0:  # the store lives in this process: it stays up until every survivor's wait is over
+        store.wait([f"read/{r}" for r in survivors], datetime.timedelta(seconds=TOLD_WAIT_S))
     return {**outcome, "after": float(y[0]), "expected": float(sum(survivors))}
 
 
