@@ -18,8 +18,8 @@ DTYPES = {
     "int64": torch.int64,
 }
 DEFAULT_SIZES = "4K,64K,1M,16M,64M"
-# What --collective can time (one launch times several in turn); sizes are the whole buffer (a reduce-scatter's input, an all-gather's
-# output), as in nccl-tests.
+# What --collective can time (one launch times several in turn); sizes are the whole buffer (a
+# reduce-scatter's input, an all-gather's output), as in nccl-tests.
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")
 # The one algorithm each collective but all_reduce runs on (broadcast: a chain along the ring;
 # reduce: the central reducer's first half, into rank 0).
