@@ -41,15 +41,21 @@ def test_bench_rows_of_every_collective_are_checked_and_correct(tmp_path):
     assert picture.stat().st_size > 0
 
 
+def _refused(argument, capsys):
+    """What the option parser says as it refuses `argument` (exit status 2, argparse's usage error)."""
+    with pytest.raises(SystemExit) as refused:
+        options.parse_args([argument])
+    assert refused.value.code == 2
+    return capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argument, said", [
     ("--collective=reduce,gather", "argument --collective: gather is not one of all_reduce, reduce_scatter, "
                                    "all_gather, broadcast, reduce (or all)"),
     ("--collective=,", "argument --collective: nothing is not one of"),
 ])
 def test_collectives_not_offered_are_refused_by_name(argument, said, capsys):
-    with pytest.raises(SystemExit) as refused:
-        options.parse_args([argument])
-    assert refused.value.code == 2 and said in capsys.readouterr().err
+    assert said in _refused(argument, capsys)
 
 
 def test_a_list_of_collectives_is_kept_in_order_once_each():
@@ -142,8 +148,5 @@ def test_trials_are_sized_from_blocks_of_calls_not_from_one_call(monkeypatch, du
 
 @pytest.mark.parametrize("argument", ["--trials=0", "--iters=-1", "--warmup=-2", "--row-seconds=0"])
 def test_counts_below_their_bound_are_refused_with_the_option_named(argument, capsys):
-    with pytest.raises(SystemExit) as refused:
-        options.parse_args([argument])
-    option = argument.split("=")[0]
-    said = capsys.readouterr().err
-    assert refused.value.code == 2 and f"argument {option}: " in said and "is below" in said, said
+    said = _refused(argument, capsys)
+    assert f"argument {argument.split('=')[0]}: " in said and "is below" in said, said
