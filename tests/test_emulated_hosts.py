@@ -65,6 +65,37 @@ def test_every_collective_is_exact_and_bitwise_identical_across_hosts(placement)
     assert all(r["bits"] == results[0]["bits"] for r in results), "ranks hold different bits"
 
 
+# A rank of launch's own test: where it runs, what it was given, and an exit status of its own
+# ("torch": imported once, by the starter, before it forked the rank).
+WHERE_AM_I = """
+import json, os, socket, sys
+open(f"/dev/shm/rank{os.environ['RANK']}", "w").close()
+given = [os.environ[k] for k in ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE", "MASTER_ADDR")]
+print(json.dumps({"argv": sys.argv[1:], "host": socket.gethostname(), "shm": sorted(os.listdir("/dev/shm")),
+                  "env": given, "folder": os.getcwd(), "torch": "torch" in sys.modules}), flush=True)
+sys.exit(int(os.environ["RANK"]) + 3)
+"""
+
+
+def test_launch_forks_each_rank_into_its_host_with_its_arguments_and_exit_status(tmp_path):
+    script = tmp_path / "where.py"
+    script.write_text(WHERE_AM_I)
+    with emulated.EmulatedHosts(2, link=None) as hosts:
+        with pytest.raises(ValueError, match="python -m module"):
+            hosts.launch([sys.executable, "-c", "pass"], [[0], [1]])
+        procs = hosts.launch([sys.executable, str(script), "a b", "--c"], [[0, 2], [1]], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+        outputs = [proc.communicate(timeout=LAUNCH_TIMEOUT_S) for proc in procs]
+    said = [json.loads(out) for out, _ in outputs]
+    assert [proc.returncode for proc in procs] == [3, 4, 5], [err for _, err in outputs]
+    assert [s["host"] for s in said] == [f"rr{os.getpid():x}-host{h}" for h in (0, 1, 0)]
+    # Each host's own /dev/shm: host 0's ranks may see each other's file (they run at once), never host 1's.
+    assert "rank1" not in said[0]["shm"] + said[2]["shm"] and said[1]["shm"] == ["rank1"], said
+    assert [s["env"] for s in said] == [["0", "0", "2", "3", "10.213.0.1"], ["1", "0", "1", "3", "10.213.0.1"],
+                                        ["2", "1", "2", "3", "10.213.0.1"]]
+    assert all(s["argv"] == ["a b", "--c"] and s["folder"] == str(tmp_path) and s["torch"] for s in said), said
+
+
 def test_the_backend_under_torchrun_on_each_host():
     with emulated.EmulatedHosts(2) as hosts:
         procs = hosts.torchrun([os.path.join(TESTS, "hosts_worker.py"), "backend"], per_host=2, env=ENV,

@@ -9,16 +9,26 @@ It needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN). Everything it makes is named wi
 its own, which carries the creating process's id, and is removed on exit, on an exception, on
 Ctrl-C and on SIGTERM; what a killed run left behind is removed by the next one (`sweep_stale`).
 
+`launch` starts a job's ranks from one process that imported torch once, forking each rank into its
+host's namespaces: starting an interpreter and importing torch costs 2-3 s of a core here, and a
+16-rank job paid it 16 times.
+
     with EmulatedHosts(2, link="2gbit") as hosts:
         procs = hosts.launch([sys.executable, "-m", "my.worker"], placement=[[0, 1], [2, 3]])
 """
 
+import ctypes
+import json
 import os
+import random
 import re
+import runpy
 import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 # The hosts' addresses: 10.213.0.(h+1)/24 inside their own namespaces only (the bridge has none,
 # and no namespace has a route beyond the subnet).
@@ -33,6 +43,13 @@ TBF_LATENCY = "20ms"
 _NAME = re.compile(r"^rr([0-9a-f]+)[hvb]")
 # How long a launched rank gets to leave after SIGTERM before it is killed.
 TERMINATE_GRACE_S = 5
+# What the starter of a launch imports before it forks the ranks: the imports every rank makes and
+# that cost nearly all of an interpreter's start (torch: 2-3 s of a core here; ringreduce, 0.03 s,
+# is left to each rank, which loads its engine under its own environment).
+PRELOADED = ("torch", "torch.distributed")
+# The namespaces a rank enters, those of its host's holder process (the mount namespace last: it
+# resets the folder, which the rank then sets).
+NAMESPACES = ("net", "uts", "ipc", "mnt")
 
 
 def available():
@@ -88,6 +105,71 @@ def in_order(counts):
     return placement
 
 
+class RankProcess:
+    """One rank of a launch: its pid (the leader of its own process group), its pipes, and its exit
+    status as its starter (the parent) saw it. Waits and reads as subprocess.Popen does."""
+
+    def __init__(self, argv, rank, host):
+        self.args, self.rank, self.host = argv, rank, host
+        self.pid = self.returncode = self.stdout = self.stderr = None
+        self._exited = threading.Event()
+        self._readers = None
+
+    def open_stream(self, name, how, text, theirs):
+        """The rank's end of its stream `name` ("stdout", "stderr"), appended to `theirs`; where `how`
+        is PIPE, ours becomes self.<name>."""
+        if how == subprocess.PIPE:
+            mine, their = os.pipe()
+            setattr(self, name, open(mine, "r" if text else "rb"))
+        elif how == subprocess.DEVNULL:
+            their = os.open(os.devnull, os.O_WRONLY)
+        elif how is None:
+            their = os.dup(getattr(sys, name).fileno())
+        else:
+            their = os.dup(how if isinstance(how, int) else how.fileno())
+        theirs.append(their)
+        return their
+
+    def exited(self, returncode):
+        self.returncode = returncode
+        self._exited.set()
+
+    def poll(self):
+        return self.returncode
+
+    def wait(self, timeout=None):
+        if not self._exited.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def communicate(self, timeout=None):
+        """(stdout, stderr) read to their end, the ones piped (None for the others), once the rank exited."""
+        if self._readers is None:
+            self._texts = {}
+            self._readers = [threading.Thread(target=self._read_all, args=(stream,), daemon=True)
+                             for stream in (self.stdout, self.stderr) if stream is not None]
+            for reader in self._readers:
+                reader.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for reader in self._readers:
+            reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if reader.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return tuple(None if stream is None else self._texts[stream] for stream in (self.stdout, self.stderr))
+
+    def _read_all(self, stream):
+        self._texts[stream] = stream.read()
+
+
+def _hear_exits(starter, procs):
+    """Reads the starter's lines about exits: each rank's status, as it happens."""
+    by_rank = {proc.rank: proc for proc in procs}
+    for line in starter.stdout:
+        said = json.loads(line)
+        by_rank[said["rank"]].exited(said["returncode"])
+
+
 class EmulatedHosts:
     """`count` hosts joined by links of `link` (a tc rate: "2gbit", "500mbit"; None: unlimited)."""
 
@@ -98,8 +180,9 @@ class EmulatedHosts:
         self.link = link
         self.prefix = f"rr{os.getpid():x}"
         self.bridge = f"{self.prefix}b"
-        self._procs = []
+        self._procs = []  # (host, process) of every process started on a host
         self._holders = []  # per host: the process that holds its hostname and /dev/shm
+        self._starters = []  # per launch: the process that forked its ranks
         self._made = False
         self._previous_sigterm = None
 
@@ -162,24 +245,51 @@ class EmulatedHosts:
                    f"--wd={popen.pop('cwd', None) or os.getcwd()}", "--", *argv]
         proc = subprocess.Popen(wrapped, env={**os.environ, "GLOO_SOCKET_IFNAME": INTERFACE, **(env or {})},
                                 start_new_session=True, **popen)
-        self._procs.append(proc)
+        self._procs.append((host, proc))
         return proc
 
-    def launch(self, argv, placement, port=29500, env=None, **popen):
+    def launch(self, argv, placement, port=29500, env=None, stdout=None, stderr=None, text=False, cwd=None):
         """Starts one process per rank, rank r on the host whose list in `placement` holds r (any
         order: [[0, 2], [1, 3]] places ranks round-robin), joined as torch.distributed's env://
-        expects (MASTER_ADDR is the host of rank 0). Returns the processes by rank."""
+        expects (MASTER_ADDR is the host of rank 0). `argv` is `python script.py ...` or `python -m
+        module ...`: one starter imports torch and forks every rank (RankProcess). stdout, stderr:
+        None (ours), subprocess.PIPE or DEVNULL, or a file. Returns the processes by rank."""
         ranks = sorted(r for host in placement for r in host)
         if ranks != list(range(len(ranks))) or len(placement) > self.count:
             raise ValueError(f"placement {placement} must spread ranks 0..N-1 over at most {self.count} hosts")
+        if len(argv) < 2 or argv[1] == "-m" and len(argv) < 3 or argv[1].startswith("-") and argv[1] != "-m":
+            raise ValueError(f"launch runs `python script.py ...` or `python -m module ...`, not {argv}")
         host_of = {r: h for h, host in enumerate(placement) for r in host}
-        procs = []
+        shared = {"GLOO_SOCKET_IFNAME": INTERFACE, "WORLD_SIZE": str(len(ranks)),
+                  "MASTER_ADDR": self.address(host_of[0]), "MASTER_PORT": str(port), **(env or {})}
+        procs, specs, theirs = [], [], []
         for rank in ranks:
-            local = placement[host_of[rank]].index(rank)
-            procs.append(self.start(host_of[rank], argv, env={
-                "RANK": str(rank), "WORLD_SIZE": str(len(ranks)), "LOCAL_RANK": str(local),
-                "LOCAL_WORLD_SIZE": str(len(placement[host_of[rank]])), "MASTER_ADDR": self.address(host_of[0]),
-                "MASTER_PORT": str(port), **(env or {})}, **popen))
+            host = placement[host_of[rank]]
+            proc = RankProcess(argv, rank, host_of[rank])
+            ends = [proc.open_stream(name, how, text, theirs) for name, how in (("stdout", stdout), ("stderr", stderr))]
+            specs.append({"rank": rank, "holder": self._holders[host_of[rank]].pid, "streams": ends,
+                          "env": {"RANK": str(rank), "LOCAL_RANK": str(host.index(rank)),
+                                  "LOCAL_WORLD_SIZE": str(len(host))}})
+            procs.append(proc)
+        job = {"argv": [os.fspath(a) for a in argv[1:]], "cwd": os.fspath(cwd or os.getcwd()), "ranks": specs}
+        try:  # (argv[0] is taken to be Python: the starter is this one)
+            starter = subprocess.Popen(
+                [sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=theirs,
+                env={**os.environ, **shared}, cwd=cwd, start_new_session=True)
+        finally:
+            for fd in theirs:
+                os.close(fd)
+        self._starters.append(starter)
+        starter.stdin.write(json.dumps(job).encode())
+        starter.stdin.close()
+        for proc in procs:  # each rank's pid, in order, once forked
+            said = starter.stdout.readline()
+            if not said:
+                raise RuntimeError(f"emulated hosts: the ranks' starter exited {starter.wait()} before it forked "
+                                   f"rank {proc.rank} (its error is above)")
+            proc.pid = json.loads(said)["pid"]
+            self._procs.append((proc.host, proc))
+        threading.Thread(target=_hear_exits, args=(starter, procs), daemon=True).start()
         return procs
 
     def torchrun(self, argv, per_host, port=29500, env=None, **popen):
@@ -192,14 +302,12 @@ class EmulatedHosts:
 
     def kill_host(self, host):
         """Every process of host `host` killed at once (SIGKILL), as a machine that loses power."""
-        holder = str(self._holders[host].pid)
-        self._signal(signal.SIGKILL, [p for p in self._procs if p.args[2] == holder])
+        self._signal(signal.SIGKILL, [p for h, p in self._procs if h == host])
 
     def stop_host(self, host, stopped=True):
         """Every process of host `host` stopped (SIGSTOP), as a VM paused or a cgroup frozen; continued
         (SIGCONT) with stopped=False. Its kernel still answers: the link stays up."""
-        holder = str(self._holders[host].pid)
-        self._signal(signal.SIGSTOP if stopped else signal.SIGCONT, [p for p in self._procs if p.args[2] == holder])
+        self._signal(signal.SIGSTOP if stopped else signal.SIGCONT, [p for h, p in self._procs if h == host])
 
     def _signal(self, signum, procs):
         for proc in procs:
@@ -211,17 +319,24 @@ class EmulatedHosts:
 
     def close(self):
         """Stops every process started here, then removes the namespaces, links and bridge."""
-        self._signal(signal.SIGTERM, self._procs)
-        for proc in self._procs:
+        procs = [proc for _, proc in self._procs]
+        self._signal(signal.SIGTERM, procs)
+        for proc in procs:
             try:
                 proc.wait(timeout=TERMINATE_GRACE_S)
             except subprocess.TimeoutExpired:
                 self._signal(signal.SIGKILL, [proc])
                 proc.wait()
+        for starter in self._starters:  # it leaves once its ranks have
+            try:
+                starter.wait(timeout=TERMINATE_GRACE_S)
+            except subprocess.TimeoutExpired:
+                starter.kill()
+                starter.wait()
         for holder in self._holders:
             holder.kill()
             holder.wait()
-        self._procs, self._holders = [], []
+        self._procs, self._holders, self._starters = [], [], []
         if self._made:
             for host in range(self.count):
                 # The pair first: a namespace goes only when the kernel gets to it, and its end of the pair with it.
@@ -240,3 +355,71 @@ class EmulatedHosts:
 
 def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)  # unwinds through EmulatedHosts.__exit__, which removes everything
+
+
+def _enter(holder):
+    """Joins the namespaces of the process `holder` (this process must have one thread: a fork's child)."""
+    setns = ctypes.CDLL(None, use_errno=True).setns
+    for kind in NAMESPACES:
+        fd = os.open(f"/proc/{holder}/ns/{kind}", os.O_RDONLY)
+        try:
+            if setns(fd, 0) != 0:
+                error = ctypes.get_errno()
+                raise OSError(error, f"emulated host: cannot enter the {kind} namespace of process {holder}")
+        finally:
+            os.close(fd)
+
+
+def _become_rank(job, spec):
+    """In a forked child: the rank `spec` of `job`, run as `python <job argv>` would run it on its host."""
+    os.setsid()  # its own process group, which kill_host and stop_host signal
+    null = os.open(os.devnull, os.O_RDONLY)
+    for target, fd in enumerate([null, *spec["streams"]]):
+        os.dup2(fd, target)
+    for other in {fd for each in job["ranks"] for fd in each["streams"]} | {null}:
+        os.close(other)
+    _enter(spec["holder"])
+    os.chdir(job["cwd"])
+    os.environ.update(spec["env"])
+    # A fresh interpreter seeds these from the OS; forked ones would share the starter's state.
+    random.seed()
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+    argv = job["argv"]
+    if argv[0] == "-m":
+        sys.argv = argv[1:]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = argv
+        if not sys.flags.safe_path:
+            sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+        runpy.run_path(argv[0], run_name="__main__")
+    sys.exit(0)
+
+
+def _start_ranks():
+    """The starter of a launch (`python -m ringreduce.bench.hosts`): the job (argv, folder, and per
+    rank its host's holder, streams and environment) on stdin; imports torch once, forks every rank,
+    and says on stdout each rank's pid, then each exit status (as subprocess's returncode)."""
+    job = json.load(sys.stdin)
+    for name in PRELOADED:
+        __import__(name)
+    ranks = {}
+    for spec in job["ranks"]:
+        pid = os.fork()
+        if pid == 0:
+            _become_rank(job, spec)  # exits as the interpreter does: atexit, then the script's status
+        ranks[pid] = spec["rank"]
+        _say({"rank": spec["rank"], "pid": pid})
+    while ranks:
+        pid, status = os.wait()
+        if pid in ranks:
+            _say({"rank": ranks.pop(pid), "returncode": os.waitstatus_to_exitcode(status)})
+
+
+def _say(record):
+    os.write(1, (json.dumps(record) + "\n").encode())  # unbuffered: a forked rank inherits no pending line
+
+
+if __name__ == "__main__":
+    _start_ranks()
