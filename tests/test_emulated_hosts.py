@@ -6,6 +6,7 @@ import io
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import tempfile
@@ -94,6 +95,24 @@ def test_launch_forks_each_rank_into_its_host_with_its_arguments_and_exit_status
     assert [s["env"] for s in said] == [["0", "0", "2", "3", "10.213.0.1"], ["1", "0", "1", "3", "10.213.0.1"],
                                         ["2", "1", "2", "3", "10.213.0.1"]]
     assert all(s["argv"] == ["a b", "--c"] and s["folder"] == str(tmp_path) and s["torch"] for s in said), said
+
+
+def _parent_of(pid):
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[1])
+
+
+def test_a_launched_rank_whose_starter_died_still_ends_its_wait():
+    """A module run as `python -m`; its starter (the parent) killed while it runs: the rank's wait
+    does not hang, and ends once the rank is gone, with the starter's status."""
+    with emulated.EmulatedHosts(1, link=None) as hosts:
+        (proc,) = hosts.launch([sys.executable, "-m", "timeit", "-n", "1", "-r", "1", "import time; time.sleep(300)"],
+                               [[0]], stdout=subprocess.DEVNULL)
+        os.kill(_parent_of(proc.pid), signal.SIGKILL)
+        time.sleep(0.5)
+        assert proc.poll() is None, "the rank still runs"
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=30) == -signal.SIGKILL
 
 
 def test_the_backend_under_torchrun_on_each_host():

@@ -47,6 +47,9 @@ TERMINATE_GRACE_S = 5
 # that cost nearly all of an interpreter's start (torch: 2-3 s of a core here; ringreduce, 0.03 s,
 # is left to each rank, which loads its engine under its own environment).
 PRELOADED = ("torch", "torch.distributed")
+# How often a rank whose starter died is looked for until it is gone: a rare path, and a wait's
+# answer need not come sooner than this.
+ORPHAN_POLL_S = 0.1
 # The namespaces a rank enters, those of its host's holder process (the mount namespace last: it
 # resets the folder, which the rank then sets).
 NAMESPACES = ("net", "uts", "ipc", "mnt")
@@ -163,11 +166,26 @@ class RankProcess:
 
 
 def _hear_exits(starter, procs):
-    """Reads the starter's lines about exits: each rank's status, as it happens."""
+    """Reads the starter's lines about exits: each rank's status, as it happens. Should the starter
+    die first, a rank it did not report reads, once gone, as exited with the starter's own status."""
     by_rank = {proc.rank: proc for proc in procs}
     for line in starter.stdout:
         said = json.loads(line)
-        by_rank[said["rank"]].exited(said["returncode"])
+        by_rank.pop(said["rank"]).exited(said["returncode"])
+    status = starter.wait()
+    for proc in by_rank.values():
+        while _running(proc.pid):
+            time.sleep(ORPHAN_POLL_S)
+        proc.exited(status)
+
+
+def _running(pid):
+    """Whether process `pid` runs (a zombie does not: an orphan's new parent may never reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
 
 
 class EmulatedHosts:
