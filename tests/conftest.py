@@ -36,6 +36,12 @@ def pytest_sessionfinish(session):
 KEEP_STALE_SEGMENTS = "RINGREDUCE_TESTING_KEEP_STALE_SEGMENTS"
 
 
+def users_environment():
+    """This environment without ringreduce settings, as a user's script starts, but with the suite's switch
+    above: a group of the script must not sweep the segments that another test planted or checks."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("RINGREDUCE_") or k == KEEP_STALE_SEGMENTS}
+
+
 def namespaces_unavailable():
     """None where tests can make mount and pid namespaces (unshare, as root), else why they cannot."""
     if os.geteuid() != 0:

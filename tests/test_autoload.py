@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import ringreduce
-from conftest import KEEP_STALE_SEGMENTS
+from conftest import users_environment
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 WARNING = "ringreduce: the backend was not registered"
@@ -57,8 +57,7 @@ if __name__ == "__main__":
 
 
 def run(args, cwd, env=None, timeout=SCRIPT_TIMEOUT_S):
-    # (the suite's switch stays in, as in tests/test_docs.py)
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("RINGREDUCE_") or k == KEEP_STALE_SEGMENTS}
+    environment = users_environment()
     environment.update(env or {})
     return subprocess.run(args, cwd=cwd, env=environment, capture_output=True, text=True, timeout=timeout)
 

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import KEEP_STALE_SEGMENTS
+from conftest import users_environment
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -46,10 +46,7 @@ CODE = [pytest.param(page, line, language, mark, code, id=f"{page.relative_to(RO
 
 
 def run(mark, code, folder):
-    # A user's settings stay out; the suite's own switch stays in (conftest.KEEP_STALE_SEGMENTS: a group
-    # here must not sweep the segments that another test planted or checks).
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("RINGREDUCE_") or k == KEEP_STALE_SEGMENTS}
+    env = users_environment()
     env.update(PYTHONSAFEPATH="1", PATH=os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""))
     how = mark.group("run").split()
     if how[0] == "bash":

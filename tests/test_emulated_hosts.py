@@ -97,6 +97,14 @@ def test_launch_forks_each_rank_into_its_host_with_its_arguments_and_exit_status
     assert all(s["argv"] == ["a b", "--c"] and s["folder"] == str(tmp_path) and s["torch"] for s in said), said
 
 
+def test_a_starter_that_cannot_start_is_named_and_nothing_waits_on_it(tmp_path):
+    (tmp_path / "torch.py").write_text("raise ImportError('planted: no torch here')\n")
+    with emulated.EmulatedHosts(1, link=None) as hosts:
+        with pytest.raises(RuntimeError, match="the ranks' starter exited 1 before it forked rank 0"):
+            hosts.launch([sys.executable, "x.py"], [[0]], env={"PYTHONPATH": str(tmp_path)},
+                         stderr=subprocess.DEVNULL)
+
+
 def _parent_of(pid):
     with open(f"/proc/{pid}/stat") as stat:
         return int(stat.read().rsplit(")", 1)[1].split()[1])

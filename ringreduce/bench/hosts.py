@@ -116,7 +116,8 @@ class RankProcess:
         self.args, self.rank, self.host = argv, rank, host
         self.pid = self.returncode = self.stdout = self.stderr = None
         self._exited = threading.Event()
-        self._readers = None
+        self._readers = None  # threads reading the piped streams to their end, once communicate() starts them
+        self._texts = {}
 
     def open_stream(self, name, how, text, theirs):
         """The rank's end of its stream `name` ("stdout", "stderr"), appended to `theirs`; where `how`
@@ -148,7 +149,6 @@ class RankProcess:
     def communicate(self, timeout=None):
         """(stdout, stderr) read to their end, the ones piped (None for the others), once the rank exited."""
         if self._readers is None:
-            self._texts = {}
             self._readers = [threading.Thread(target=self._read_all, args=(stream,), daemon=True)
                              for stream in (self.stdout, self.stderr) if stream is not None]
             for reader in self._readers:
@@ -300,14 +300,18 @@ class EmulatedHosts:
         self._starters.append(starter)
         starter.stdin.write(json.dumps(job).encode())
         starter.stdin.close()
+        forked = []
         for proc in procs:  # each rank's pid, in order, once forked
             said = starter.stdout.readline()
             if not said:
-                raise RuntimeError(f"emulated hosts: the ranks' starter exited {starter.wait()} before it forked "
-                                   f"rank {proc.rank} (its error is above)")
+                break
             proc.pid = json.loads(said)["pid"]
+            forked.append(proc)
             self._procs.append((proc.host, proc))
-        threading.Thread(target=_hear_exits, args=(starter, procs), daemon=True).start()
+        threading.Thread(target=_hear_exits, args=(starter, forked), daemon=True).start()
+        if len(forked) < len(procs):
+            raise RuntimeError(f"emulated hosts: the ranks' starter exited {starter.wait()} before it forked "
+                               f"rank {len(forked)} (its error is above)")
         return procs
 
     def torchrun(self, argv, per_host, port=29500, env=None, **popen):
