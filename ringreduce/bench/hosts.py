@@ -282,12 +282,12 @@ class EmulatedHosts:
                   "MASTER_ADDR": self.address(host_of[0]), "MASTER_PORT": str(port), **(env or {})}
         procs, specs, theirs = [], [], []
         for rank in ranks:
-            host = placement[host_of[rank]]
+            ranks_here = placement[host_of[rank]]  # the ranks of this rank's host
             proc = RankProcess(argv, rank, host_of[rank])
             ends = [proc.open_stream(name, how, text, theirs) for name, how in (("stdout", stdout), ("stderr", stderr))]
             specs.append({"rank": rank, "holder": self._holders[host_of[rank]].pid, "streams": ends,
-                          "env": {"RANK": str(rank), "LOCAL_RANK": str(host.index(rank)),
-                                  "LOCAL_WORLD_SIZE": str(len(host))}})
+                          "env": {"RANK": str(rank), "LOCAL_RANK": str(ranks_here.index(rank)),
+                                  "LOCAL_WORLD_SIZE": str(len(ranks_here))}})
             procs.append(proc)
         job = {"argv": [os.fspath(a) for a in argv[1:]], "cwd": os.fspath(cwd or os.getcwd()), "ranks": specs}
         try:  # (argv[0] is taken to be Python: the starter is this one)
