@@ -30,14 +30,15 @@ TOLD_WAIT_S = 60
 def check(rank, world):
     dist.init_process_group("gloo")
     checks = 0
-    for algorithm in ("hierarchical", "ring", "auto"):
-        for numel in (1, 99_991, 1 << 20):
-            for dtype, op in ((torch.float32, R.SUM), (torch.float32, R.AVG), (torch.bfloat16, R.SUM),
-                              (torch.int64, R.MAX)):
-                inputs = exact_inputs(world, numel, dtype, op)
+    for numel in (1, 99_991, 1 << 20):
+        for dtype, op in ((torch.float32, R.SUM), (torch.float32, R.AVG), (torch.bfloat16, R.SUM),
+                          (torch.int64, R.MAX)):
+            inputs = exact_inputs(world, numel, dtype, op)  # every rank's, and their sum: made once per case
+            expected = reference(inputs, op)
+            for algorithm in ("hierarchical", "ring", "auto"):
                 mine = inputs[rank].clone()
                 ringreduce.all_reduce(mine, op, algorithm=algorithm)
-                assert torch.equal(mine, reference(inputs, op)), f"{algorithm} {numel} {dtype} {op}"
+                assert torch.equal(mine, expected), f"{algorithm} {numel} {dtype} {op}"
                 checks += 1
     gen = torch.Generator().manual_seed(rank)
     data = torch.randn(1 << 20, generator=gen)
@@ -85,13 +86,14 @@ def every(rank, world, sizes=(4 << 10, 16 << 20)):
         numel = nbytes // 4
         for op in (R.SUM, R.AVG, R.MAX):
             inputs = exact_inputs(world, numel, torch.float32, op)
+            expected = reference(inputs, op)
             mine = inputs[rank].clone()
             dist.all_reduce(mine, op)
-            if not torch.equal(mine, reference(inputs, op)):
+            if not torch.equal(mine, expected):
                 failed.append(f"all_reduce {op} {nbytes} B")
             doubled = inputs[rank].clone()
             ringreduce.all_reduce(doubled, op, algorithm="doubling")  # log-step
-            if not torch.equal(doubled, reference(inputs, op)):
+            if not torch.equal(doubled, expected):
                 failed.append(f"all_reduce doubling {op} {nbytes} B")
         chunk = numel // world
         inputs = exact_inputs(world, chunk * world, torch.float32, R.SUM)

@@ -2,6 +2,7 @@
 
 The line before a block marks it: `<!-- run: python -->`, `<!-- run: torchrun N -->` (a script on N
 ranks), `<!-- run: bash -->` (commands, run in a scratch folder that sees examples/ and benchmarks/), or
+`<!-- run by: tests/<file>.py -->` (a test there runs it, and names the page), or
 `<!-- not run: the reason -->`. Blocks fenced as `text` are output or pictures, not code."""
 
 import os
@@ -16,7 +17,7 @@ from conftest import users_environment
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-MARK = re.compile(r"<!-- (run: (?P<run>[^>]*?)|not run: (?P<why>[^>]*?)) -->")
+MARK = re.compile(r"<!-- (run: (?P<run>[^>]*?)|run by: (?P<by>tests/\w+\.py)|not run: (?P<why>[^>]*?)) -->")
 FENCE = re.compile(r"^```(\w*)\s*$")
 # Each block is a short example; the slowest (elastic training through a kill) takes about a minute here.
 BLOCK_TIMEOUT_S = 280
@@ -72,6 +73,11 @@ def test_code_block(page, line, language, mark, code, tmp_path):
     if mark.group("why") is not None:
         assert len(mark.group("why").split()) >= 3, f"{where}: say why the block is not run"
         pytest.skip(f"not run: {mark.group('why')}")
+    if mark.group("by") is not None:
+        runner = ROOT / mark.group("by")
+        assert runner.is_file() and str(page.relative_to(ROOT)) in runner.read_text(), (
+            f"{where}: {mark.group('by')} should run the block and name {page.relative_to(ROOT)}")
+        return
     done = run(mark, code, tmp_path)
     assert done.returncode == 0, f"{where} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
 
@@ -79,12 +85,13 @@ def test_code_block(page, line, language, mark, code, tmp_path):
 def test_the_pages_have_code_blocks_to_run():
     """The parser found the blocks (a test that finds nothing would pass anyway), and every docs page opens
     with its summary and a runnable example before anything else."""
-    ran = [page for page, _, _, mark, _ in (p.values for p in CODE) if mark and mark.group("run")]
+    ran = [page for page, _, _, mark, _ in (p.values for p in CODE) if mark and (mark.group("run") or mark.group("by"))]
     assert len(ran) >= 15, ran
     for page in PAGES[1:]:
         first = next(block for block in blocks(page) if block[1] != "text")
         text = page.read_text()
-        assert first[2] is not None and first[2].group("run"), f"{page.name}: the first example is not run"
+        assert first[2] is not None and (first[2].group("run") or first[2].group("by")), (
+            f"{page.name}: the first example is not run")
         assert text.index("```") > text.index("\n\n") > 0, f"{page.name}: a summary comes before the example"
 
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -12,6 +13,10 @@ EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 # Small enough for a test, large enough for several batches and a falling loss.
 SMALL_RUN = ["--epochs", "2", "--samples", "2048", "--batch", "64"]
 EXAMPLE_TIMEOUT_S = 240
+# The command docs/elastic.md opens with: it runs here, with --json and --plot (tests/test_docs.py
+# leaves it to this test).
+ELASTIC_PAGE = pathlib.Path(EXAMPLES).parent / "docs" / "elastic.md"
+ELASTIC_ARGS = ["--nproc", "3", "--kill-rank", "2", "--kill-step", "6", "--steps", "20"]
 
 
 def _losses(script, backend, extra):
@@ -35,11 +40,14 @@ def test_example_learns_what_it_learns_on_gloo(script, extra):
 
 
 def test_elastic_example_trains_through_a_killed_rank(tmp_path):
-    """examples/elastic_ddp.py: rank 2 of 3 dies in a backward; the other two shrink and finish, with
-    identical parameters (the script checks), and the loss after the fault is below the first."""
+    """The line docs/elastic.md opens with (examples/elastic_ddp.py: rank 2 of 3 dies in a backward):
+    the other two shrink and finish, with identical parameters (the script checks), and the loss after
+    the fault is below the first."""
+    shown = f"\npython examples/elastic_ddp.py {' '.join(ELASTIC_ARGS)}   #"
+    assert shown in ELASTIC_PAGE.read_text(), "docs/elastic.md opens with another command: run that one here"
     out = tmp_path / "run.json"
-    done = subprocess.run([sys.executable, os.path.join(EXAMPLES, "elastic_ddp.py"), "--nproc", "3", "--kill-rank", "2",
-                           "--kill-step", "6", "--steps", "20", "--json", str(out), "--plot", str(tmp_path / "run.png")],
+    done = subprocess.run([sys.executable, os.path.join(EXAMPLES, "elastic_ddp.py"), *ELASTIC_ARGS,
+                           "--json", str(out), "--plot", str(tmp_path / "run.png")],
                           capture_output=True, text=True, timeout=EXAMPLE_TIMEOUT_S)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "fault at step 6 (backward)" in done.stdout, done.stdout
