@@ -7,6 +7,14 @@ import pytest
 DEFAULT_TEST_TIMEOUT_S = 300
 
 
+def pytest_configure(config):
+    """One torch thread per test process: two workers share 2 cores, and every rank they start
+    (tests/multiproc.py) runs on one thread too, as torchrun sets for several ranks on a host."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if item.get_closest_marker("timeout") is None:

@@ -217,6 +217,7 @@ def stall(rank, world):
 
 
 def main():
+    torch.set_num_threads(1)  # one core per rank, as torchrun sets for several ranks on a host
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     modes = {"check": check, "backend": backend, "fault": fault, "every": every, "stall": stall, "scale": scale}
     outcome = modes[sys.argv[1]](rank, world)

@@ -74,6 +74,10 @@ def _become_the_caller(streams, environment):
             os.close(theirs)
     os.environ.clear()
     os.environ.update(environment)
+    # One core per rank, as torchrun sets for several ranks on a host (OMP_NUM_THREADS=1): 3 ranks on
+    # 2 cores, each filling and comparing 4 MiB tensors on torch's 2 threads, took 18 ms a call of
+    # tests/test_stalls.py's loop, against 3.2 ms with one thread each.
+    torch.set_num_threads(1)
     missing = [name for name in PRELOADED if name not in sys.modules]
     if missing:  # the server skips a preload that fails to import, silently: say it here
         raise RuntimeError(f"the rank server could not preload {missing} (sys.path {sys.path})")
