@@ -82,16 +82,20 @@ def test_code_block(page, line, language, mark, code, tmp_path):
     assert done.returncode == 0, f"{where} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
 
 
+def _is_run(mark):
+    """Whether a block's mark has it run, here or by another test."""
+    return mark is not None and bool(mark.group("run") or mark.group("by"))
+
+
 def test_the_pages_have_code_blocks_to_run():
     """The parser found the blocks (a test that finds nothing would pass anyway), and every docs page opens
     with its summary and a runnable example before anything else."""
-    ran = [page for page, _, _, mark, _ in (p.values for p in CODE) if mark and (mark.group("run") or mark.group("by"))]
+    ran = [page for page, _, _, mark, _ in (p.values for p in CODE) if _is_run(mark)]
     assert len(ran) >= 15, ran
     for page in PAGES[1:]:
         first = next(block for block in blocks(page) if block[1] != "text")
         text = page.read_text()
-        assert first[2] is not None and (first[2].group("run") or first[2].group("by")), (
-            f"{page.name}: the first example is not run")
+        assert _is_run(first[2]), f"{page.name}: the first example is not run"
         assert text.index("```") > text.index("\n\n") > 0, f"{page.name}: a summary comes before the example"
 
 
