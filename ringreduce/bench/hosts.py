@@ -399,7 +399,7 @@ def _become_rank(job, spec):
     null = os.open(os.devnull, os.O_RDONLY)
     for target, fd in enumerate([null, *spec["streams"]]):
         os.dup2(fd, target)
-    for other in {fd for each in job["ranks"] for fd in each["streams"]} | {null}:
+    for other in _stream_fds(job) | {null}:
         os.close(other)
     _enter(spec["holder"])
     os.chdir(job["cwd"])
@@ -462,12 +462,17 @@ def _start_ranks():
             _become_rank(job, spec)  # exits as the interpreter does: atexit, then the script's status
         ranks[pid] = spec["rank"]
         _say({"rank": spec["rank"], "pid": pid})
-    for fd in {fd for spec in job["ranks"] for fd in spec["streams"]}:
+    for fd in _stream_fds(job):
         os.close(fd)  # each rank's streams end when it does, not when the last rank has
     while ranks:
         pid, status = os.wait()
         if pid in ranks:
             _say({"rank": ranks.pop(pid), "returncode": os.waitstatus_to_exitcode(status)})
+
+
+def _stream_fds(job):
+    """The starter's descriptors of every rank's streams (a rank keeps only its own, as 1 and 2)."""
+    return {fd for spec in job["ranks"] for fd in spec["streams"]}
 
 
 def _say(record):
